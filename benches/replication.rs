@@ -1,0 +1,344 @@
+//! Backlog replay benchmark: PostgreSQL → MariaDB.
+//!
+//! Writes a backlog of changes (default 1,000,000; 100 per transaction: 60 inserts, 30
+//! updates, 10 deletes) on a throwaway PostgreSQL while no replicator runs, then measures in
+//! the same run:
+//! - **raw**: the same changes applied straight to MariaDB as batched multi-row upserts and
+//!   deletes (same batch size, same lane partitioning, one connection per lane, coalesced per
+//!   key within a batch, as Zipline's sink does): the rate a hand-written loader reaches;
+//! - **zipline**: `zipline pipeline apply` catching up the backlog from the slot into another
+//!   MariaDB database, until the slot's confirmed flush LSN passes the backlog's end.
+//!
+//! Prints changes/s for both, the ratio, Zipline's peak RSS and CPU seconds, and checks that
+//! both databases ended identical.
+//!
+//! `cargo bench --bench replication` (env: `ZIPLINE_BENCH_CHANGES`, `ZIPLINE_BENCH_LANES`,
+//! `ZIPLINE_BENCH_BATCH`).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use mysql_async::prelude::Queryable;
+
+#[derive(Clone)]
+struct Row {
+    id: i64,
+    name: String,
+    qty: i32,
+    price: String,
+    /// Seconds after 2024-01-01 00:00:00 UTC.
+    updated_at: i64,
+}
+
+#[derive(Clone)]
+enum Op {
+    Upsert(Row),
+    Delete(i64),
+}
+
+impl Op {
+    fn id(&self) -> i64 {
+        match self {
+            Op::Upsert(r) => r.id,
+            Op::Delete(id) => *id,
+        }
+    }
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A tiny deterministic generator, so every run writes the same backlog.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn row(id: i64, tx: usize, rng: &mut Rng) -> Row {
+    Row {
+        id,
+        name: format!("item-{id}-{}", rng.below(1000)),
+        qty: rng.below(10_000) as i32,
+        price: format!("{}.{:02}", rng.below(100_000), rng.below(100)),
+        updated_at: tx as i64,
+    }
+}
+
+/// Generate the backlog as transactions of SQL text for PostgreSQL, and the op stream.
+fn generate(changes: usize) -> (Vec<String>, Vec<Op>) {
+    let mut rng = Rng(0x5EED_2210_4471);
+    let mut live: Vec<i64> = Vec::new();
+    let mut next_id = 1i64;
+    let mut txs = Vec::new();
+    let mut ops = Vec::with_capacity(changes);
+    for tx in 0..changes.div_ceil(100) {
+        let mut inserts = Vec::new();
+        for _ in 0..60 {
+            inserts.push(row(next_id, tx, &mut rng));
+            next_id += 1;
+        }
+        let mut picked = std::collections::HashSet::new();
+        let mut updates = Vec::new();
+        let mut deletes = Vec::new();
+        while updates.len() < 30 && live.len() > 100 {
+            let id = live[rng.below(live.len())];
+            if picked.insert(id) {
+                updates.push(row(id, tx, &mut rng));
+            }
+        }
+        while deletes.len() < 10 && live.len() > 100 {
+            let i = rng.below(live.len());
+            if picked.insert(live[i]) {
+                deletes.push(live.swap_remove(i));
+            }
+        }
+        let values = |rows: &[Row]| {
+            rows.iter()
+                .map(|r| format!("({}, '{}', {}, {}, timestamptz '2024-01-01 00:00:00+00' + interval '{} seconds')", r.id, r.name, r.qty, r.price, r.updated_at))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let mut sql = String::from("BEGIN;");
+        write!(
+            sql,
+            "INSERT INTO items (id, name, qty, price, updated_at) VALUES {};",
+            values(&inserts)
+        )
+        .unwrap();
+        if !updates.is_empty() {
+            write!(
+                sql,
+                "UPDATE items SET name = v.name, qty = v.qty, price = v.price, updated_at = v.updated_at FROM (VALUES {}) v(id, name, qty, price, updated_at) WHERE items.id = v.id;",
+                values(&updates)
+            )
+            .unwrap();
+        }
+        if !deletes.is_empty() {
+            let ids: Vec<String> = deletes.iter().map(i64::to_string).collect();
+            write!(sql, "DELETE FROM items WHERE id IN ({});", ids.join(",")).unwrap();
+        }
+        sql.push_str("COMMIT;");
+        txs.push(sql);
+        live.extend(inserts.iter().map(|r| r.id));
+        // Stream order inside a transaction: statement order, rows in statement order.
+        ops.extend(inserts.into_iter().map(Op::Upsert));
+        ops.extend(updates.into_iter().map(Op::Upsert));
+        ops.extend(deletes.into_iter().map(Op::Delete));
+    }
+    (txs, ops)
+}
+
+const MYSQL_TABLE: &str = "CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NOT NULL, price DECIMAL(12,2) NOT NULL, updated_at DATETIME(6) NOT NULL)";
+
+/// The raw loader: per-lane batches, coalesced per key, DELETE … IN then multi-row upsert.
+async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
+    let mut conn = mysql_async::Conn::from_url(url).await.expect("raw connect");
+    conn.query_drop("SET SESSION transaction_isolation='READ-COMMITTED', time_zone='+00:00'")
+        .await
+        .unwrap();
+    let mut applied = 0;
+    for chunk in ops.chunks(batch) {
+        let mut last: HashMap<i64, &Op> = HashMap::with_capacity(chunk.len());
+        for op in chunk {
+            last.insert(op.id(), op);
+        }
+        let mut deletes = Vec::new();
+        let mut upserts = String::new();
+        for op in last.values() {
+            match op {
+                Op::Delete(id) => deletes.push(id.to_string()),
+                Op::Upsert(r) => {
+                    if !upserts.is_empty() {
+                        upserts.push(',');
+                    }
+                    write!(
+                        upserts,
+                        "({}, '{}', {}, {}, TIMESTAMPADD(SECOND, {}, '2024-01-01 00:00:00'))",
+                        r.id, r.name, r.qty, r.price, r.updated_at
+                    )
+                    .unwrap();
+                }
+            }
+        }
+        let mut sql = String::from("START TRANSACTION;");
+        if !deletes.is_empty() {
+            write!(
+                sql,
+                "DELETE FROM items WHERE id IN ({});",
+                deletes.join(",")
+            )
+            .unwrap();
+        }
+        if !upserts.is_empty() {
+            write!(sql, "INSERT INTO items (id, name, qty, price, updated_at) VALUES {upserts} ON DUPLICATE KEY UPDATE name=VALUES(name), qty=VALUES(qty), price=VALUES(price), updated_at=VALUES(updated_at);").unwrap();
+        }
+        sql.push_str("COMMIT;");
+        conn.query_drop(sql).await.expect("raw batch");
+        applied += chunk.len() as u64;
+    }
+    applied
+}
+
+fn proc_stat(pid: u32) -> (u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let hwm_kb = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
+        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
+    (hwm_kb, ticks as f64 / 100.0)
+}
+
+#[tokio::main]
+async fn main() {
+    let changes = env_or("ZIPLINE_BENCH_CHANGES", 1_000_000);
+    let lanes = env_or("ZIPLINE_BENCH_LANES", 4);
+    let batch = env_or("ZIPLINE_BENCH_BATCH", 1000);
+    let pg = common::Postgres::start();
+    let my = common::MariaDb::start();
+    pg.create_database("bench");
+    pg.psql("bench", "CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, price numeric(12,2) NOT NULL, updated_at timestamptz NOT NULL)");
+    pg.psql("bench", "CREATE PUBLICATION zbench FOR TABLE items");
+    pg.psql(
+        "bench",
+        "SELECT pg_create_logical_replication_slot('zbench', 'pgoutput')",
+    );
+    for db in ["raw", "zl"] {
+        my.create_database(db);
+        my.sql(db, MYSQL_TABLE);
+    }
+
+    let (txs, ops) = generate(changes);
+    let total = ops.len() as u64;
+    let client = pg.client("bench").await;
+    let started = Instant::now();
+    for sql in &txs {
+        client
+            .batch_execute(sql)
+            .await
+            .expect("backlog transaction");
+    }
+    let end_lsn = pg.psql("bench", "SELECT pg_current_wal_lsn()");
+    println!(
+        "backlog: {total} changes in {} transactions written in {:.1}s",
+        txs.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    // Raw baseline.
+    let mut per_lane: Vec<Vec<Op>> = vec![Vec::new(); lanes];
+    for op in ops {
+        per_lane[(op.id() as u64 % lanes as u64) as usize].push(op);
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = per_lane
+        .into_iter()
+        .map(|lane_ops| tokio::spawn(raw_apply(my.url("raw"), lane_ops, batch)))
+        .collect();
+    let mut raw_applied = 0;
+    for t in tasks {
+        raw_applied += t.await.expect("raw lane");
+    }
+    let raw_secs = started.elapsed().as_secs_f64();
+    let raw_rate = raw_applied as f64 / raw_secs;
+
+    // Zipline.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = dir.path().join("bench.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "name: bench\nsettings: {{ progress_interval: 5s }}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: zbench\n    tables: [public.items]\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\n    lanes: {lanes}\n    batch_size: {batch}\nroutes:\n  - from: pg\n    to: [my]\n",
+            pg.port, my.port
+        ),
+    )
+    .expect("write yaml");
+    let log = std::fs::File::create(dir.path().join("zipline.log")).expect("log");
+    let started = Instant::now();
+    let mut child = std::process::Command::new(common::zipline_bin())
+        .args(["pipeline", "apply", "-f"])
+        .arg(&yaml)
+        .stderr(log)
+        .spawn()
+        .expect("spawn zipline");
+    let pid = child.id();
+    let mut peak;
+    loop {
+        let done = pg.psql("bench", &format!("SELECT confirmed_flush_lsn >= '{end_lsn}' FROM pg_replication_slots WHERE slot_name = 'zbench'"));
+        peak = proc_stat(pid);
+        if done == "t" {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "zipline exited early with {status}: {}",
+                std::fs::read_to_string(dir.path().join("zipline.log")).unwrap_or_default()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "zipline did not catch up in 30 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let zl_secs = started.elapsed().as_secs_f64();
+    let zl_rate = total as f64 / zl_secs;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let status = child.wait().expect("wait zipline");
+
+    let checksum = "SELECT CONCAT(COUNT(*), ':', MD5(GROUP_CONCAT(CONCAT_WS(',', id, name, qty, price, updated_at) ORDER BY id SEPARATOR ';'))) FROM items";
+    let raw_sum = my.sql(
+        "raw",
+        &format!("SET SESSION group_concat_max_len = 1 << 30; {checksum}"),
+    );
+    let zl_sum = my.sql(
+        "zl",
+        &format!("SET SESSION group_concat_max_len = 1 << 30; {checksum}"),
+    );
+
+    println!(
+        "raw MariaDB upserts : {raw_applied} changes in {raw_secs:.2}s = {raw_rate:.0} changes/s ({lanes} connections, batch {batch})"
+    );
+    println!(
+        "zipline PG → MariaDB: {total} changes in {zl_secs:.2}s = {zl_rate:.0} changes/s ({lanes} lanes, batch {batch})"
+    );
+    println!("ratio zipline/raw   : {:.2}", zl_rate / raw_rate);
+    println!(
+        "zipline peak RSS    : {:.1} MiB, CPU {:.2}s, exit {status}",
+        peak.0 as f64 / 1024.0,
+        peak.1
+    );
+    println!("sink equal to raw   : {}", raw_sum == zl_sum);
+    assert_eq!(
+        raw_sum, zl_sum,
+        "Zipline's sink differs from the raw-applied database"
+    );
+}

@@ -1,0 +1,232 @@
+//! The change model: pure data, no I/O.
+//!
+//! A [`Change`] is one row-level effect committed on the source, stamped with a [`Position`]
+//! that totally orders every change the source ever emits: the commit LSN of its transaction,
+//! then its ordinal inside that transaction. Positions are deterministic, so a change replayed
+//! after a restart carries the same position and a sink can tell it has applied it already.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// A PostgreSQL write-ahead-log position (`pg_lsn`), printed as `X/Y` in hex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Lsn(pub u64);
+
+impl fmt::Display for Lsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
+    }
+}
+
+/// Error parsing an `X/Y` LSN.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid LSN {0:?}: expected two hex numbers separated by '/', like 16/B374D848")]
+pub struct LsnParseError(String);
+
+impl FromStr for Lsn {
+    type Err = LsnParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || LsnParseError(s.to_owned());
+        let (hi, lo) = s.split_once('/').ok_or_else(err)?;
+        let hi = u32::from_str_radix(hi, 16).map_err(|_| err())?;
+        let lo = u32::from_str_radix(lo, 16).map_err(|_| err())?;
+        Ok(Lsn((u64::from(hi) << 32) | u64::from(lo)))
+    }
+}
+
+/// Where a change sits in the source's commit order.
+///
+/// Ordered by the commit LSN of the change's transaction, then by the change's ordinal inside
+/// that transaction (starting at 1). Ordinal 0 is never given to a change, so
+/// `Position { lsn, ordinal: 0 }` sorts before every change of that transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Position {
+    /// Commit LSN of the transaction (pgoutput Begin's `final_lsn`).
+    pub lsn: Lsn,
+    /// 1-based index of the change inside its transaction.
+    pub ordinal: u32,
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}#{}", self.lsn, self.ordinal)
+    }
+}
+
+/// What a change does to its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// A new row; `values` holds all of it.
+    Insert,
+    /// A changed row; `values` holds the new row (columns may be [`Value::Unchanged`]).
+    Update,
+    /// A removed row; only `key` is meaningful.
+    Delete,
+    /// Every row of the table removed; `key` and `values` are empty.
+    Truncate,
+}
+
+impl Op {
+    /// Lower-case name, as used in logs and dead-letter records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::Insert => "insert",
+            Op::Update => "update",
+            Op::Delete => "delete",
+            Op::Truncate => "truncate",
+        }
+    }
+}
+
+/// A typed column value.
+///
+/// Temporal values are kept as integers so sinks and transforms need no date library:
+/// days and microseconds count from the Unix epoch (1970-01-01, UTC for `TimestampTz`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// SQL NULL.
+    Null,
+    /// `boolean`.
+    Bool(bool),
+    /// `smallint`.
+    Int2(i16),
+    /// `integer`.
+    Int4(i32),
+    /// `bigint`.
+    Int8(i64),
+    /// `real`.
+    Float4(f32),
+    /// `double precision`.
+    Float8(f64),
+    /// `numeric`, as PostgreSQL prints it (full precision; may be `NaN`, `Infinity`, `-Infinity`).
+    Numeric(String),
+    /// `text`, `varchar`, `char`, `name`.
+    Text(String),
+    /// `bytea`.
+    Bytes(Vec<u8>),
+    /// `date`: days since 1970-01-01 (`i32::MIN`/`i32::MAX` for `-infinity`/`infinity`).
+    Date(i32),
+    /// `time`: microseconds since midnight.
+    Time(i64),
+    /// `timestamp` (no time zone): microseconds since 1970-01-01 00:00:00
+    /// (`i64::MIN`/`i64::MAX` for `-infinity`/`infinity`).
+    Timestamp(i64),
+    /// `timestamptz`: microseconds since 1970-01-01 00:00:00 UTC
+    /// (`i64::MIN`/`i64::MAX` for `-infinity`/`infinity`).
+    TimestampTz(i64),
+    /// `uuid`.
+    Uuid([u8; 16]),
+    /// `json` or `jsonb`, as text.
+    Json(String),
+    /// Any other type, as PostgreSQL's text output, with the type's OID.
+    Other {
+        /// The PostgreSQL type OID.
+        type_oid: u32,
+        /// The value's text representation.
+        text: String,
+    },
+    /// A TOASTed value the update did not touch: the sink must keep its current value.
+    Unchanged,
+}
+
+impl Value {
+    /// True for [`Value::Null`].
+    pub fn is_null(&self) -> bool {
+        matches!(self, Value::Null)
+    }
+}
+
+/// One column of a table, as the source describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    /// Column name.
+    pub name: String,
+    /// PostgreSQL type OID.
+    pub type_oid: u32,
+    /// Type modifier (`atttypmod`), -1 when none.
+    pub type_modifier: i32,
+    /// Part of the replica identity (the key Zipline routes and deletes by).
+    pub is_key: bool,
+}
+
+/// A table's shape at the time of a change. Shared by every change of that table until the
+/// source reports a new shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    /// Source schema (namespace), e.g. `public`.
+    pub schema: String,
+    /// Table name.
+    pub name: String,
+    /// Columns in source order.
+    pub columns: Vec<Column>,
+    /// Indices into `columns` of the key columns, in source order.
+    pub key: Vec<usize>,
+}
+
+impl Table {
+    /// Build a table, deriving `key` from the columns' `is_key` flags.
+    pub fn new(schema: String, name: String, columns: Vec<Column>) -> Self {
+        let key = columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_key)
+            .map(|(i, _)| i)
+            .collect();
+        Table {
+            schema,
+            name,
+            columns,
+            key,
+        }
+    }
+
+    /// `schema.name`, for logs and errors.
+    pub fn qualified_name(&self) -> String {
+        format!("{}.{}", self.schema, self.name)
+    }
+}
+
+/// One row-level change committed on the source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    /// Where the change sits in commit order.
+    pub position: Position,
+    /// What it does.
+    pub op: Op,
+    /// The table's shape when the change was made.
+    pub table: Arc<Table>,
+    /// Values of the key columns (in `table.key` order) identifying the row after the change
+    /// (for a delete: the row removed). Empty for a truncate.
+    pub key: Vec<Value>,
+    /// For an update that changed the key: the key the row had before. The sink removes that
+    /// row and writes the new one.
+    pub old_key: Option<Vec<Value>>,
+    /// The whole row after the change, in `table.columns` order; empty for delete and truncate.
+    pub values: Vec<Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn_round_trips_through_text() {
+        let lsn: Lsn = "16/B374D848".parse().unwrap();
+        assert_eq!(lsn.0, 0x16_B374_D848);
+        assert_eq!(lsn.to_string(), "16/B374D848");
+        assert!("16B374D848".parse::<Lsn>().is_err());
+        assert!("x/1".parse::<Lsn>().is_err());
+    }
+
+    #[test]
+    fn positions_order_by_commit_then_ordinal() {
+        let p = |lsn, ordinal| Position {
+            lsn: Lsn(lsn),
+            ordinal,
+        };
+        assert!(p(1, 9) < p(2, 1));
+        assert!(p(2, 1) < p(2, 2));
+        assert!(p(2, 0) < p(2, 1));
+    }
+}

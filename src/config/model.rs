@@ -1,0 +1,184 @@
+//! The loaded, validated pipeline configuration the runtime consumes.
+//!
+//! Everything here has passed validation: names are unique and well formed, routes point at
+//! existing connectors of the right direction, numbers are in range, secrets are resolved.
+//! Field meanings and defaults are documented for operators in `docs/connectors/`.
+
+use std::time::Duration;
+
+use super::secrets::Secret;
+
+/// One pipeline: its connectors and how changes flow between them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pipeline {
+    /// Matches `[A-Za-z0-9_-]{1,63}`; used in replication slot and checkpoint identifiers.
+    pub name: String,
+    /// In file order; names are unique.
+    pub connectors: Vec<Connector>,
+    /// In file order; each source appears in at most one route.
+    pub routes: Vec<Route>,
+    /// Pipeline-wide settings.
+    pub settings: Settings,
+}
+
+impl Pipeline {
+    /// The connector named `name`.
+    pub fn connector(&self, name: &str) -> Option<&Connector> {
+        self.connectors.iter().find(|c| c.name == name)
+    }
+}
+
+/// Pipeline-wide settings (the optional top-level `settings:` map).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// How often progress (frontier, lag, throughput) is logged. Default 5s.
+    pub progress_interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            progress_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// A named source or sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connector {
+    /// Unique within the pipeline; matches `[A-Za-z0-9_-]{1,63}`.
+    pub name: String,
+    /// The connector type and its settings.
+    pub kind: ConnectorKind,
+}
+
+/// A connector's type (the YAML `type` key) and its type-specific settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectorKind {
+    /// `type: source/postgres`.
+    PostgresSource(PostgresSource),
+    /// `type: sink/mysql`.
+    MysqlSink(MysqlSink),
+}
+
+impl ConnectorKind {
+    /// The YAML spelling of the type, e.g. `source/postgres`.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            ConnectorKind::PostgresSource(_) => "source/postgres",
+            ConnectorKind::MysqlSink(_) => "sink/mysql",
+        }
+    }
+
+    /// Whether changes come out of this connector (it may appear in a route's `from`).
+    pub fn is_source(&self) -> bool {
+        matches!(self, ConnectorKind::PostgresSource(_))
+    }
+
+    /// Whether changes go into this connector (it may appear in a route's `to`).
+    pub fn is_sink(&self) -> bool {
+        matches!(self, ConnectorKind::MysqlSink(_))
+    }
+}
+
+/// `source/postgres`: PostgreSQL logical replication with the pgoutput plugin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresSource {
+    /// Server host name or address. Required.
+    pub host: String,
+    /// Server port. Default 5432.
+    pub port: u16,
+    /// Database to replicate. Required.
+    pub database: String,
+    /// Role with the REPLICATION attribute. Required.
+    pub user: String,
+    /// From `password:` or `secret_refs`; `None` for trust/peer authentication.
+    pub password: Option<Secret>,
+    /// Publication to subscribe to (must exist). Required; 1–63 bytes.
+    pub publication: String,
+    /// Logical replication slot (created if absent). Required; `[a-z0-9_]{1,63}`.
+    pub slot_name: String,
+    /// Tables to replicate, always schema-qualified (`table` is loaded as `public.table`);
+    /// `None` replicates every table in the publication.
+    pub tables: Option<Vec<String>>,
+    /// Time allowed for one connection attempt. Default 10s.
+    pub connect_timeout: Duration,
+    /// Further attempts after a failed connect before giving up. Default 5.
+    pub connect_retries: u32,
+    /// Period of standby status updates (feedback) to the server. Default 10s.
+    pub status_interval: Duration,
+}
+
+/// `sink/mysql`: MySQL or MariaDB, written by parallel keyed lanes with idempotent batches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MysqlSink {
+    /// Server host name or address. Default `127.0.0.1`.
+    pub host: String,
+    /// Server port. Default 3306.
+    pub port: u16,
+    /// Target database. Default: the pipeline name.
+    pub database: String,
+    /// User. Default `root`.
+    pub user: String,
+    /// From `password:` or `secret_refs`; `None` for no password.
+    pub password: Option<Secret>,
+    /// Number of parallel lanes (one connection each). Default 4; 1–256.
+    pub lanes: u32,
+    /// Most changes in one lane batch (one transaction). Default 1000.
+    pub batch_size: usize,
+    /// Longest a partial batch waits for more changes before it is written. Default 20ms.
+    pub max_wait: Duration,
+    /// Capacity of each lane's bounded queue, in changes. Default 4096.
+    pub queue_capacity: usize,
+    /// Time allowed for one connection attempt. Default 10s.
+    pub connect_timeout: Duration,
+    /// Transient-error retries per batch before the error becomes fatal. Default 10.
+    pub max_retries: u32,
+}
+
+/// Changes from one source go to every listed sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// A source connector's name.
+    pub from: String,
+    /// Sink connector names; non-empty, no duplicates.
+    pub to: Vec<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connector_lookup_and_kind_helpers() {
+        let sink = MysqlSink {
+            host: "h".into(),
+            port: 3306,
+            database: "d".into(),
+            user: "u".into(),
+            password: Some(Secret::new("pw-value")),
+            lanes: 4,
+            batch_size: 1000,
+            max_wait: Duration::from_millis(20),
+            queue_capacity: 4096,
+            connect_timeout: Duration::from_secs(10),
+            max_retries: 10,
+        };
+        let p = Pipeline {
+            name: "p".into(),
+            connectors: vec![Connector {
+                name: "out".into(),
+                kind: ConnectorKind::MysqlSink(sink),
+            }],
+            routes: vec![],
+            settings: Settings::default(),
+        };
+        let c = p.connector("out").unwrap();
+        assert!(c.kind.is_sink() && !c.kind.is_source());
+        assert_eq!(c.kind.type_name(), "sink/mysql");
+        assert!(p.connector("nope").is_none());
+        let debug = format!("{p:?}");
+        assert!(!debug.contains("pw-value") && debug.contains("<redacted>"));
+        assert_eq!(p.settings.progress_interval, Duration::from_secs(5));
+    }
+}

@@ -1,0 +1,15 @@
+//! Keyed lanes: the router that spreads changes over parallel lanes by hash of (table, key),
+//! the lane workers that batch and commit them, and the tracker that turns lane commits into
+//! the durable frontier the source may confirm upstream.
+//!
+//! Per-key order holds because one key always hashes to one lane and a lane is a FIFO that
+//! commits its batches one after another. Queues are bounded, so a slow sink slows the source's
+//! read instead of growing memory.
+
+mod router;
+mod tracker;
+mod worker;
+
+pub use router::{Router, lane_of, plan};
+pub use tracker::{Ack, AckTracker};
+pub use worker::{LaneConfig, LaneError, LaneStats, backoff as backoff_for, run_lane};

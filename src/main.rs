@@ -1,0 +1,7 @@
+//! The `zipline` command.
+
+mod cli;
+
+fn main() -> std::process::ExitCode {
+    cli::main()
+}

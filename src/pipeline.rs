@@ -1,0 +1,299 @@
+//! Wiring and the run loop: preflight everything, then create the slot, open the lanes, stream,
+//! and on shutdown drain: stop reading, let every lane commit what it holds, confirm the
+//! durable frontier, exit.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use crate::change::Lsn;
+use crate::config::{self, ConnectorKind};
+use crate::lane::{self, LaneConfig, LaneError, LaneStats, Router};
+use crate::sink::mysql::{MysqlConnector, MysqlSinkOptions};
+use crate::sink::{SinkConnector, SinkError};
+use crate::source::postgres::{
+    Outputs, PostgresSource, PostgresSourceOptions, SourceError, SourceStats, StopMode,
+};
+
+/// Why a pipeline stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The pipeline file is inconsistent in a way only the runtime sees.
+    #[error("pipeline {pipeline}: {message}")]
+    Invalid {
+        /// Pipeline name.
+        pipeline: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The source failed.
+    #[error("source {connector}: {error}")]
+    Source {
+        /// Source connector name.
+        connector: String,
+        /// The error (its text is part of this one's).
+        error: SourceError,
+    },
+    /// A sink failed before streaming started.
+    #[error("sink {connector}: {error}")]
+    Sink {
+        /// Sink connector name.
+        connector: String,
+        /// The error (its text is part of this one's).
+        error: SinkError,
+    },
+    /// A lane failed while streaming; the pipeline halted without acknowledging its batch.
+    #[error("{0}; the pipeline halted: nothing past the last committed batch was acknowledged")]
+    Lane(#[from] LaneError),
+}
+
+struct SinkPlan {
+    connector: Box<dyn SinkConnector>,
+    lanes: u32,
+    queue_capacity: usize,
+    lane_cfg: LaneConfig,
+}
+
+/// Run a pipeline until `shutdown` resolves (then drain and return `Ok`) or an error.
+pub async fn run(
+    pipeline: config::Pipeline,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), PipelineError> {
+    let route = match pipeline.routes.as_slice() {
+        [route] => route.clone(),
+        _ => {
+            return Err(PipelineError::Invalid {
+                pipeline: pipeline.name.clone(),
+                message: format!(
+                    "has {} routes; this release runs exactly one route per pipeline (run one pipeline per source)",
+                    pipeline.routes.len()
+                ),
+            });
+        }
+    };
+    let source_opts = source_options(&pipeline, &route.from)?;
+    let source_name = source_opts.connector.clone();
+    let source_err = |error| PipelineError::Source {
+        connector: source_name.clone(),
+        error,
+    };
+    let sinks: Vec<SinkPlan> = route
+        .to
+        .iter()
+        .map(|name| sink_plan(&pipeline, name))
+        .collect::<Result<_, _>>()?;
+
+    // Preflight: nothing is created until every check has passed.
+    let source = PostgresSource::preflight(source_opts)
+        .await
+        .map_err(&source_err)?;
+    for sink in &sinks {
+        sink.connector
+            .check_tables(source.tables())
+            .await
+            .map_err(|error| PipelineError::Sink {
+                connector: sink.connector.name().to_owned(),
+                error,
+            })?;
+    }
+    source
+        .ensure_publication_and_slot()
+        .await
+        .map_err(&source_err)?;
+
+    // Lanes.
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+    let mut lanes_set: JoinSet<Result<(), LaneError>> = JoinSet::new();
+    let mut routers = Vec::new();
+    let mut lane_stats = Vec::new();
+    for sink in &sinks {
+        let mut senders = Vec::new();
+        for lane in 0..sink.lanes {
+            let writer = sink
+                .connector
+                .open_lane(lane, sink.lanes)
+                .await
+                .map_err(|error| PipelineError::Sink {
+                    connector: sink.connector.name().to_owned(),
+                    error,
+                })?;
+            tracing::info!(sink = %sink.connector.name(), lane, checkpoint = ?writer.checkpoint().map(|p| p.to_string()), "lane open");
+            let (tx, rx) = mpsc::channel(sink.queue_capacity);
+            senders.push(tx);
+            let stats = Arc::new(LaneStats::default());
+            lane_stats.push(stats.clone());
+            lanes_set.spawn(lane::run_lane(
+                lane,
+                writer,
+                rx,
+                ack_tx.clone(),
+                sink.lane_cfg.clone(),
+                stats,
+            ));
+        }
+        routers.push(Router::new(senders));
+    }
+    // Only lanes may hold ack senders: the source's drain ends when the last lane finishes.
+    drop(ack_tx);
+
+    let (stop_tx, stop_rx) = watch::channel(StopMode::Run);
+    let source_stats = Arc::new(SourceStats::default());
+    let mut source_task = tokio::spawn(source.run(
+        Outputs {
+            routers,
+            acks: ack_rx,
+        },
+        stop_rx,
+        source_stats.clone(),
+    ));
+    let reporter = tokio::spawn(report_progress(
+        pipeline.settings.progress_interval,
+        source_stats,
+        lane_stats,
+    ));
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut first_error: Option<PipelineError> = None;
+    let mut stopping = false;
+    let source_result = loop {
+        tokio::select! {
+            () = &mut shutdown, if !stopping => {
+                tracing::info!(pipeline = %pipeline.name, "shutdown requested; draining");
+                stopping = true;
+                let _ = stop_tx.send(StopMode::Drain);
+            }
+            Some(done) = lanes_set.join_next() => {
+                if let Some(err) = lane_failure(done) {
+                    tracing::error!(pipeline = %pipeline.name, error = %err, "lane failed; halting the pipeline");
+                    first_error.get_or_insert(err);
+                    let _ = stop_tx.send(StopMode::Abort);
+                }
+            }
+            res = &mut source_task => break res,
+        }
+    };
+    // The source has returned and dropped its routers, so the lanes end by themselves.
+    while let Some(done) = lanes_set.join_next().await {
+        if let Some(err) = lane_failure(done) {
+            first_error.get_or_insert(err);
+        }
+    }
+    reporter.abort();
+    if let Some(err) = first_error {
+        return Err(err);
+    }
+    match source_result {
+        Ok(Ok(())) => {
+            tracing::info!(pipeline = %pipeline.name, "stopped cleanly");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(source_err(e)),
+        Err(join) => Err(source_err(SourceError {
+            class: crate::error::ErrorClass::Fatal,
+            message: format!("source task failed: {join}"),
+        })),
+    }
+}
+
+fn lane_failure(
+    done: Result<Result<(), LaneError>, tokio::task::JoinError>,
+) -> Option<PipelineError> {
+    match done {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(PipelineError::Lane(e)),
+        Err(join) => Some(PipelineError::Invalid {
+            pipeline: String::new(),
+            message: format!("a lane task failed: {join}"),
+        }),
+    }
+}
+
+fn source_options(
+    pipeline: &config::Pipeline,
+    name: &str,
+) -> Result<PostgresSourceOptions, PipelineError> {
+    match pipeline.connector(name).map(|c| &c.kind) {
+        Some(ConnectorKind::PostgresSource(pg)) => Ok(PostgresSourceOptions {
+            connector: name.to_owned(),
+            host: pg.host.clone(),
+            port: pg.port,
+            database: pg.database.clone(),
+            user: pg.user.clone(),
+            password: pg.password.as_ref().map(|s| s.expose().to_owned()),
+            publication: pg.publication.clone(),
+            slot_name: pg.slot_name.clone(),
+            tables: pg.tables.clone(),
+            connect_timeout: pg.connect_timeout,
+            connect_retries: pg.connect_retries,
+            status_interval: pg.status_interval,
+        }),
+        _ => Err(PipelineError::Invalid {
+            pipeline: pipeline.name.clone(),
+            message: format!("route source {name} is not a source/postgres connector"),
+        }),
+    }
+}
+
+fn sink_plan(pipeline: &config::Pipeline, name: &str) -> Result<SinkPlan, PipelineError> {
+    match pipeline.connector(name).map(|c| &c.kind) {
+        Some(ConnectorKind::MysqlSink(my)) => Ok(SinkPlan {
+            connector: Box::new(MysqlConnector::new(MysqlSinkOptions {
+                connector: name.to_owned(),
+                pipeline: pipeline.name.clone(),
+                host: my.host.clone(),
+                port: my.port,
+                database: my.database.clone(),
+                user: my.user.clone(),
+                password: my.password.as_ref().map(|s| s.expose().to_owned()),
+                connect_timeout: my.connect_timeout,
+            })),
+            lanes: my.lanes,
+            queue_capacity: my.queue_capacity,
+            lane_cfg: LaneConfig {
+                sink: name.to_owned(),
+                batch_size: my.batch_size,
+                max_wait: my.max_wait,
+                max_retries: my.max_retries,
+            },
+        }),
+        _ => Err(PipelineError::Invalid {
+            pipeline: pipeline.name.clone(),
+            message: format!("route target {name} is not a sink connector"),
+        }),
+    }
+}
+
+async fn report_progress(every: Duration, source: Arc<SourceStats>, lanes: Vec<Arc<LaneStats>>) {
+    let mut last_applied = 0u64;
+    let mut last = Instant::now();
+    let mut ticker = tokio::time::interval(every);
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        let applied: u64 = lanes
+            .iter()
+            .map(|l| l.applied.load(Ordering::Relaxed))
+            .sum();
+        let retries: u64 = lanes
+            .iter()
+            .map(|l| l.retries.load(Ordering::Relaxed))
+            .sum();
+        let secs = last.elapsed().as_secs_f64().max(1e-3);
+        let rate = (applied - last_applied) as f64 / secs;
+        tracing::info!(
+            changes_per_sec = rate.round() as u64,
+            applied,
+            received = source.received.load(Ordering::Relaxed),
+            lag_ms = source.lag_micros.load(Ordering::Relaxed) / 1000,
+            confirmed = %Lsn(source.confirmed.load(Ordering::Relaxed)),
+            retries,
+            "progress"
+        );
+        last_applied = applied;
+        last = Instant::now();
+    }
+}

@@ -1,0 +1,473 @@
+//! Coalescing a batch to the last effect per key.
+//!
+//! The batch is walked in position order into a map keyed by (table, key), so a later change
+//! to a key replaces an earlier one: an insert or update becomes "upsert this row", a delete
+//! becomes "delete this key", an update that moved the key also deletes the old key, and a
+//! truncate drops everything planned for its table and marks the table to be emptied first.
+//! An update whose row holds [`Value::Unchanged`] (a TOASTed column the update did not touch)
+//! takes those columns from an earlier upsert of the same key in the batch when there is one;
+//! otherwise the columns stay unchanged and [`super::plan`] leaves them out of the statement so
+//! the sink keeps its stored value.
+//!
+//! The surviving effects are grouped per table, in the order of their last change: deletes by
+//! key-column list, upserts by shape and set of unchanged columns (each group becomes one
+//! multi-row statement).
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use crate::change::{Change, Op, Table, Value};
+use crate::sink::SinkError;
+
+pub(super) struct TablePlan<'a> {
+    /// The first shape seen, for names in statements and errors.
+    pub(super) source: &'a Table,
+    /// A truncate: delete every row before the rest.
+    pub(super) delete_all: bool,
+    pub(super) deletes: Vec<DeleteGroup<'a>>,
+    pub(super) upserts: Vec<UpsertGroup<'a>>,
+}
+
+/// Keys to delete, all of one key-column list.
+pub(super) struct DeleteGroup<'a> {
+    pub(super) shape: &'a Table,
+    pub(super) keys: Vec<&'a [Value]>,
+}
+
+/// Rows to upsert, all of one shape and one set of unchanged columns.
+pub(super) struct UpsertGroup<'a> {
+    pub(super) shape: &'a Table,
+    /// Per column: left out because every row of the group has it unchanged.
+    pub(super) omit: Vec<bool>,
+    pub(super) rows: Vec<Row<'a>>,
+}
+
+/// A whole row of values in column order.
+pub(super) enum Row<'a> {
+    Borrowed(&'a [Value]),
+    /// Unchanged columns filled in from an earlier change of the same key in the batch.
+    Merged(Vec<Value>),
+}
+
+impl Row<'_> {
+    pub(super) fn values(&self) -> &[Value] {
+        match self {
+            Row::Borrowed(v) => v,
+            Row::Merged(v) => v,
+        }
+    }
+}
+
+struct Entry<'a> {
+    seq: usize,
+    shape: &'a Table,
+    upsert: Option<Row<'a>>,
+}
+
+/// Key values compared and hashed structurally (floats by bit pattern), borrowed from a change.
+#[derive(Clone, Copy)]
+struct KeyRef<'a>(&'a [Value]);
+
+impl Hash for KeyRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        for v in self.0 {
+            std::mem::discriminant(v).hash(state);
+            match v {
+                Value::Null | Value::Unchanged => {}
+                Value::Bool(b) => b.hash(state),
+                Value::Int2(i) => i.hash(state),
+                Value::Int4(i) | Value::Date(i) => i.hash(state),
+                Value::Int8(i) | Value::Time(i) | Value::Timestamp(i) | Value::TimestampTz(i) => {
+                    i.hash(state)
+                }
+                Value::Float4(f) => f.to_bits().hash(state),
+                Value::Float8(f) => f.to_bits().hash(state),
+                Value::Numeric(s) | Value::Text(s) | Value::Json(s) => s.hash(state),
+                Value::Bytes(b) => b.hash(state),
+                Value::Uuid(u) => u.hash(state),
+                Value::Other { type_oid, text } => {
+                    type_oid.hash(state);
+                    text.hash(state);
+                }
+            }
+        }
+    }
+}
+
+impl PartialEq for KeyRef<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        same_values(self.0, other.0)
+    }
+}
+
+impl Eq for KeyRef<'_> {}
+
+fn same_values(a: &[Value], b: &[Value]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|pair| match pair {
+            (Value::Float4(x), Value::Float4(y)) => x.to_bits() == y.to_bits(),
+            (Value::Float8(x), Value::Float8(y)) => x.to_bits() == y.to_bits(),
+            (x, y) => x == y,
+        })
+}
+
+fn same_columns(a: &Table, b: &Table) -> bool {
+    std::ptr::eq(a, b) || a.columns == b.columns
+}
+
+fn same_key_columns(a: &Table, b: &Table) -> bool {
+    std::ptr::eq(a, b)
+        || a.key.len() == b.key.len()
+            && a.key
+                .iter()
+                .zip(&b.key)
+                .all(|(&i, &j)| a.columns[i].name == b.columns[j].name)
+}
+
+/// Coalesces `changes` (in position order) into per-table plans, tables in order of first
+/// appearance. Errors are about malformed changes (wrong number of values, no key) of sink
+/// `sink`.
+pub(super) fn coalesce<'a>(
+    changes: &'a [Arc<Change>],
+    sink: &str,
+) -> Result<Vec<TablePlan<'a>>, SinkError> {
+    let mut tables: Vec<TablePlan<'a>> = Vec::new();
+    let mut table_ids: HashMap<(&'a str, &'a str), usize> = HashMap::new();
+    let mut last: Option<(&'a Table, usize)> = None;
+    let mut entries: HashMap<(usize, KeyRef<'a>), Entry<'a>> =
+        HashMap::with_capacity(changes.len());
+
+    for (seq, change) in changes.iter().enumerate() {
+        let change: &'a Change = change;
+        let shape: &'a Table = &change.table;
+        let t = match last {
+            Some((prev, t)) if std::ptr::eq(prev, shape) => t,
+            _ => {
+                let t = *table_ids
+                    .entry((shape.schema.as_str(), shape.name.as_str()))
+                    .or_insert_with(|| {
+                        tables.push(TablePlan {
+                            source: shape,
+                            delete_all: false,
+                            deletes: Vec::new(),
+                            upserts: Vec::new(),
+                        });
+                        tables.len() - 1
+                    });
+                last = Some((shape, t));
+                t
+            }
+        };
+        if change.op == Op::Truncate {
+            entries.retain(|(table, _), _| *table != t);
+            tables[t].delete_all = true;
+            continue;
+        }
+        check_key(sink, change, &change.key)?;
+        if change.op == Op::Delete {
+            let entry = Entry {
+                seq,
+                shape,
+                upsert: None,
+            };
+            entries.insert((t, KeyRef(&change.key)), entry);
+            continue;
+        }
+        if change.values.len() != shape.columns.len() {
+            return Err(malformed(
+                sink,
+                change,
+                format!(
+                    "{} values for {} columns",
+                    change.values.len(),
+                    shape.columns.len()
+                ),
+            ));
+        }
+        // A moved key: the old row goes; its planned values may fill unchanged columns.
+        let mut moved_from = None;
+        if let Some(old) = change.old_key.as_deref()
+            && !same_values(old, &change.key)
+        {
+            check_key(sink, change, old)?;
+            let entry = Entry {
+                seq,
+                shape,
+                upsert: None,
+            };
+            moved_from = Some(entries.insert((t, KeyRef(old)), entry));
+        }
+        let key = (t, KeyRef(&change.key));
+        let row = if change.values.iter().any(|v| matches!(v, Value::Unchanged)) {
+            let earlier = match &moved_from {
+                Some(prev) => prev.as_ref(),
+                None => entries.get(&key),
+            };
+            merge_unchanged(change, earlier)
+        } else {
+            Row::Borrowed(&change.values)
+        };
+        entries.insert(
+            key,
+            Entry {
+                seq,
+                shape,
+                upsert: Some(row),
+            },
+        );
+    }
+
+    let mut ordered: Vec<_> = entries.into_iter().collect();
+    ordered.sort_unstable_by_key(|(_, entry)| entry.seq);
+    for ((t, key), entry) in ordered {
+        let plan = &mut tables[t];
+        match entry.upsert {
+            None => match plan
+                .deletes
+                .iter_mut()
+                .find(|g| same_key_columns(g.shape, entry.shape))
+            {
+                Some(group) => group.keys.push(key.0),
+                None => plan.deletes.push(DeleteGroup {
+                    shape: entry.shape,
+                    keys: vec![key.0],
+                }),
+            },
+            Some(row) => {
+                let unchanged = |i: usize| matches!(row.values()[i], Value::Unchanged);
+                let found = plan.upserts.iter_mut().find(|g| {
+                    same_columns(g.shape, entry.shape)
+                        && g.omit.iter().enumerate().all(|(i, &o)| o == unchanged(i))
+                });
+                match found {
+                    Some(group) => group.rows.push(row),
+                    None => {
+                        let omit = (0..entry.shape.columns.len()).map(unchanged).collect();
+                        plan.upserts.push(UpsertGroup {
+                            shape: entry.shape,
+                            omit,
+                            rows: vec![row],
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(tables)
+}
+
+fn check_key(sink: &str, change: &Change, key: &[Value]) -> Result<(), SinkError> {
+    let table = &change.table;
+    if table.key.is_empty() {
+        return Err(SinkError::fatal(format!(
+            "sink {sink}: source table {} has no key columns (replica identity); Zipline \
+             needs a key to upsert and delete rows",
+            table.qualified_name()
+        )));
+    }
+    if key.len() != table.key.len() {
+        return Err(malformed(
+            sink,
+            change,
+            format!(
+                "{} key values for {} key columns",
+                key.len(),
+                table.key.len()
+            ),
+        ));
+    }
+    if let Some(n) = key.iter().position(|v| matches!(v, Value::Unchanged)) {
+        return Err(malformed(
+            sink,
+            change,
+            format!(
+                "key column {} is marked unchanged",
+                table.columns[table.key[n]].name
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn malformed(sink: &str, change: &Change, problem: String) -> SinkError {
+    SinkError::definite(format!(
+        "sink {sink}: malformed {} on {} at position {}: {problem}",
+        change.op.as_str(),
+        change.table.qualified_name(),
+        change.position
+    ))
+}
+
+/// Fills the unchanged columns of `change` from an earlier upsert of the same row in the batch.
+fn merge_unchanged<'a>(change: &'a Change, earlier: Option<&Entry<'a>>) -> Row<'a> {
+    match earlier {
+        Some(Entry {
+            shape,
+            upsert: Some(row),
+            ..
+        }) if same_columns(shape, &change.table) => Row::Merged(
+            change
+                .values
+                .iter()
+                .zip(row.values())
+                .map(|(new, old)| match new {
+                    Value::Unchanged => old.clone(),
+                    _ => new.clone(),
+                })
+                .collect(),
+        ),
+        _ => Row::Borrowed(&change.values),
+    }
+}
+
+/// Tables and changes for the tests of this module and [`super::plan`].
+#[cfg(test)]
+pub(super) mod fixtures {
+    use std::sync::Arc;
+
+    use crate::change::{Change, Column, Lsn, Op, Position, Table, Value};
+
+    pub(crate) fn table(name: &str, cols: &[(&str, bool)]) -> Arc<Table> {
+        Arc::new(Table::new(
+            "public".into(),
+            name.into(),
+            cols.iter()
+                .map(|&(name, is_key)| Column {
+                    name: name.into(),
+                    type_oid: 25,
+                    type_modifier: -1,
+                    is_key,
+                })
+                .collect(),
+        ))
+    }
+
+    pub(crate) fn orders() -> Arc<Table> {
+        table("orders", &[("id", true), ("note", false), ("qty", false)])
+    }
+
+    pub(crate) struct Changes {
+        pub(crate) list: Vec<Arc<Change>>,
+    }
+
+    impl Changes {
+        pub(crate) fn new() -> Self {
+            Changes { list: Vec::new() }
+        }
+        pub(crate) fn push(
+            &mut self,
+            op: Op,
+            t: &Arc<Table>,
+            key: Vec<Value>,
+            old: Option<Vec<Value>>,
+            values: Vec<Value>,
+        ) -> &mut Self {
+            let n = self.list.len() as u32 + 1;
+            self.list.push(Arc::new(Change {
+                position: Position {
+                    lsn: Lsn(100),
+                    ordinal: n,
+                },
+                op,
+                table: Arc::clone(t),
+                key,
+                old_key: old,
+                values,
+            }));
+            self
+        }
+        pub(crate) fn upsert(
+            &mut self,
+            t: &Arc<Table>,
+            id: i32,
+            note: &str,
+            qty: i64,
+        ) -> &mut Self {
+            let v = vec![Value::Int4(id), Value::Text(note.into()), Value::Int8(qty)];
+            self.push(Op::Update, t, vec![Value::Int4(id)], None, v)
+        }
+        pub(crate) fn delete(&mut self, t: &Arc<Table>, id: i32) -> &mut Self {
+            self.push(Op::Delete, t, vec![Value::Int4(id)], None, vec![])
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{Changes, orders, table};
+    use super::*;
+
+    #[test]
+    fn keys_compare_floats_by_bits_and_types_strictly() {
+        let nan = [Value::Float8(f64::NAN)];
+        assert!(KeyRef(&nan) == KeyRef(&nan));
+        let (zero, neg_zero) = ([Value::Float8(0.0)], [Value::Float8(-0.0)]);
+        assert!(KeyRef(&zero) != KeyRef(&neg_zero));
+        assert!(KeyRef(&[Value::Int4(1)]) != KeyRef(&[Value::Int8(1)]));
+        let mut entries = HashMap::new();
+        let a = [Value::Text("a".into()), Value::Int4(1)];
+        let b = [Value::Text("a".into()), Value::Int4(1)];
+        entries.insert(KeyRef(&a), 1);
+        entries.insert(KeyRef(&b), 2);
+        assert_eq!(entries.len(), 1);
+    }
+
+    #[test]
+    fn later_changes_win_and_groups_keep_last_change_order() {
+        let t = orders();
+        let other = table("other", &[("id", true)]);
+        let mut c = Changes::new();
+        c.upsert(&t, 1, "a", 1).upsert(&t, 2, "b", 1);
+        c.push(
+            Op::Insert,
+            &other,
+            vec![Value::Int4(9)],
+            None,
+            vec![Value::Int4(9)],
+        );
+        c.upsert(&t, 1, "a2", 2).delete(&t, 3);
+        let tables = coalesce(&c.list, "out").unwrap();
+        assert_eq!(tables.len(), 2);
+        assert_eq!(tables[0].source.name, "orders");
+        assert_eq!(tables[1].source.name, "other");
+        let orders = &tables[0];
+        assert!(!orders.delete_all);
+        assert_eq!(orders.deletes.len(), 1);
+        assert_eq!(orders.deletes[0].keys, [&[Value::Int4(3)][..]]);
+        assert_eq!(orders.upserts.len(), 1);
+        let ids: Vec<&Value> = orders.upserts[0]
+            .rows
+            .iter()
+            .map(|r| &r.values()[0])
+            .collect();
+        assert_eq!(ids, [&Value::Int4(2), &Value::Int4(1)]);
+        assert_eq!(
+            orders.upserts[0].rows[1].values()[1],
+            Value::Text("a2".into())
+        );
+    }
+
+    #[test]
+    fn unchanged_values_come_from_the_old_key_of_a_moved_row() {
+        let t = orders();
+        let mut c = Changes::new();
+        c.upsert(&t, 1, "text", 1);
+        let moved = vec![Value::Int4(2), Value::Unchanged, Value::Int8(5)];
+        c.push(
+            Op::Update,
+            &t,
+            vec![Value::Int4(2)],
+            Some(vec![Value::Int4(1)]),
+            moved,
+        );
+        let tables = coalesce(&c.list, "out").unwrap();
+        assert_eq!(tables[0].deletes[0].keys, [&[Value::Int4(1)][..]]);
+        let group = &tables[0].upserts[0];
+        assert_eq!(group.omit, [false, false, false]);
+        assert_eq!(
+            group.rows[0].values(),
+            [Value::Int4(2), Value::Text("text".into()), Value::Int8(5)]
+        );
+    }
+}

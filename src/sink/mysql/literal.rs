@@ -1,0 +1,434 @@
+//! SQL literals for MySQL/MariaDB text-protocol statements, written into a reused buffer.
+//!
+//! Every lane session runs with `sql_mode` containing `NO_BACKSLASH_ESCAPES`
+//! (<https://mariadb.com/kb/en/sql-mode/>, <https://dev.mysql.com/doc/refman/8.0/en/sql-mode.html>),
+//! so inside `'…'` the only special character is `'` itself, written `''`; backslashes and NUL
+//! bytes are ordinary characters. Identifiers are quoted with backticks, a backtick doubled.
+//! Bytes go as `X'…'` hex literals, which are binary strings in both servers.
+//!
+//! Temporal values are written from Zipline's integer representation (days / microseconds since
+//! 1970-01-01) without a date library. MySQL has no infinities, no BC dates and no years past
+//! 9999, so those are errors here rather than silently wrong rows. NaN and infinite floats or
+//! numerics have no MySQL value either.
+//!
+//! Floats are written with Rust's shortest round-trip representation in exponent form
+//! (`1e-1`), which both servers parse as a DOUBLE literal. A `real` is widened to `f64` first:
+//! the shortest *f32* text of `f32::MAX` (`3.4028235e38`) read as a double lies above FLOAT's
+//! range and MariaDB rejects it with error 1264, while the exact widened value rounds back to
+//! the same `f32` in a FLOAT column.
+
+use std::fmt::Write as _;
+
+use crate::change::Value;
+
+const MICROS_PER_SECOND: i64 = 1_000_000;
+const MICROS_PER_DAY: i64 = 86_400 * MICROS_PER_SECOND;
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends `` `ident` `` with embedded backticks doubled.
+pub(crate) fn push_ident(buf: &mut String, ident: &str) {
+    buf.push('`');
+    push_doubling(buf, ident, '`');
+    buf.push('`');
+}
+
+/// Appends `'text'` with embedded quotes doubled (valid only under `NO_BACKSLASH_ESCAPES`).
+pub(crate) fn push_str(buf: &mut String, text: &str) {
+    buf.push('\'');
+    push_doubling(buf, text, '\'');
+    buf.push('\'');
+}
+
+fn push_doubling(buf: &mut String, text: &str, quote: char) {
+    let mut rest = text;
+    while let Some(i) = rest.find(quote) {
+        buf.push_str(&rest[..=i]);
+        buf.push(quote);
+        rest = &rest[i + 1..];
+    }
+    buf.push_str(rest);
+}
+
+/// Appends `X'…'` (lower-case hex).
+fn push_bytes(buf: &mut String, bytes: &[u8]) {
+    buf.reserve(bytes.len() * 2 + 3);
+    buf.push_str("X'");
+    for &b in bytes {
+        buf.push(char::from(HEX[usize::from(b >> 4)]));
+        buf.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    buf.push('\'');
+}
+
+/// Appends the literal for `value`. On error the buffer may hold a partial literal (the caller
+/// abandons the statement) and the message says what is wrong with the value, without naming
+/// the column (the caller knows it).
+pub(crate) fn push_value(buf: &mut String, value: &Value) -> Result<(), String> {
+    // `write!` into a String cannot fail.
+    match value {
+        Value::Null => buf.push_str("NULL"),
+        Value::Bool(b) => buf.push(if *b { '1' } else { '0' }),
+        Value::Int2(i) => push_int(buf, i64::from(*i)),
+        Value::Int4(i) => push_int(buf, i64::from(*i)),
+        Value::Int8(i) => push_int(buf, *i),
+        Value::Float4(f) => push_float(buf, f64::from(*f), "real")?,
+        Value::Float8(f) => push_float(buf, *f, "double precision")?,
+        Value::Numeric(text) => push_numeric(buf, text)?,
+        Value::Text(text) | Value::Json(text) | Value::Other { text, .. } => push_str(buf, text),
+        Value::Bytes(bytes) => push_bytes(buf, bytes),
+        Value::Date(days) => {
+            buf.push('\'');
+            push_date(buf, *days)?;
+            buf.push('\'');
+        }
+        Value::Time(micros) => {
+            if !(0..=MICROS_PER_DAY).contains(micros) {
+                return Err(format!(
+                    "time value of {micros} microseconds is outside 00:00:00..24:00:00"
+                ));
+            }
+            buf.push('\'');
+            push_time_of_day(buf, *micros);
+            buf.push('\'');
+        }
+        Value::Timestamp(micros) => push_timestamp(buf, *micros, "timestamp")?,
+        Value::TimestampTz(micros) => push_timestamp(buf, *micros, "timestamptz")?,
+        Value::Uuid(bytes) => push_uuid(buf, bytes),
+        Value::Unchanged => {
+            return Err("an unchanged-TOAST marker where a value is required".to_owned());
+        }
+    }
+    Ok(())
+}
+
+fn push_float(buf: &mut String, f: f64, type_name: &str) -> Result<(), String> {
+    if !f.is_finite() {
+        return Err(format!(
+            "{type_name} value {f} has no MySQL equivalent (MySQL has no NaN or infinity)"
+        ));
+    }
+    let _ = write!(buf, "{f:e}");
+    Ok(())
+}
+
+/// Writes PostgreSQL's numeric text unquoted, after checking it is a plain decimal number:
+/// the text may come from a transform, and it is spliced into SQL without quotes.
+fn push_numeric(buf: &mut String, text: &str) -> Result<(), String> {
+    let body = text.strip_prefix(['-', '+']).unwrap_or(text);
+    let (mantissa, exponent) = match body.find(['e', 'E']) {
+        Some(i) => (&body[..i], Some(&body[i + 1..])),
+        None => (body, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let mantissa_ok = match mantissa.split_once('.') {
+        Some((int, frac)) => {
+            (int.is_empty() || digits(int))
+                && (frac.is_empty() || digits(frac))
+                && !(int.is_empty() && frac.is_empty())
+        }
+        None => digits(mantissa),
+    };
+    let exponent_ok = exponent.is_none_or(|e| digits(e.strip_prefix(['-', '+']).unwrap_or(e)));
+    if mantissa_ok && exponent_ok {
+        buf.push_str(text);
+        Ok(())
+    } else if matches!(body, "NaN" | "Infinity" | "inf" | "Inf") {
+        Err(format!(
+            "numeric value {text} has no MySQL equivalent (MySQL has no NaN or infinity)"
+        ))
+    } else {
+        Err(format!("numeric value {text:?} is not a decimal number"))
+    }
+}
+
+/// Writes `YYYY-MM-DD` (no quotes) for days since 1970-01-01.
+fn push_date(buf: &mut String, days: i32) -> Result<(), String> {
+    match days {
+        i32::MAX => return Err("date value infinity has no MySQL equivalent".to_owned()),
+        i32::MIN => return Err("date value -infinity has no MySQL equivalent".to_owned()),
+        _ => {}
+    }
+    push_civil_date(buf, i64::from(days))
+}
+
+fn push_civil_date(buf: &mut String, days: i64) -> Result<(), String> {
+    let (year, month, day) = civil_from_days(days);
+    if !(1..=9999).contains(&year) {
+        let shown = if year <= 0 {
+            format!("{:04}-{month:02}-{day:02} BC", 1 - year)
+        } else {
+            format!("{year}-{month:02}-{day:02}")
+        };
+        return Err(format!(
+            "date {shown} is outside MySQL's range (years 0001..9999)"
+        ));
+    }
+    // 1..=9999, checked above.
+    let year = year as u32;
+    push_digits(buf, year / 100, 2);
+    push_digits(buf, year % 100, 2);
+    buf.push('-');
+    push_digits(buf, month, 2);
+    buf.push('-');
+    push_digits(buf, day, 2);
+    Ok(())
+}
+
+/// Writes `HH:MM:SS.ffffff` (no quotes) for microseconds since midnight.
+fn push_time_of_day(buf: &mut String, micros: i64) {
+    // 0..=24h, checked by the callers, so every part fits a u32.
+    let secs = (micros / MICROS_PER_SECOND) as u32;
+    push_digits(buf, secs / 3600, 2);
+    buf.push(':');
+    push_digits(buf, secs / 60 % 60, 2);
+    buf.push(':');
+    push_digits(buf, secs % 60, 2);
+    buf.push('.');
+    let frac = (micros % MICROS_PER_SECOND) as u32;
+    push_digits(buf, frac / 1000, 3);
+    push_digits(buf, frac % 1000, 3);
+}
+
+/// Appends `n` zero-padded to `width` (1..=3) digits; `n` must be below `10^width`.
+/// Hand-written because `write!` is the main cost of timestamps on the hot path.
+fn push_digits(buf: &mut String, n: u32, width: u32) {
+    for place in (0..width).rev() {
+        let digit = n / 10u32.pow(place) % 10;
+        buf.push(char::from(b'0' + digit as u8));
+    }
+}
+
+/// Appends a decimal integer without going through `fmt`.
+fn push_int(buf: &mut String, value: i64) {
+    let mut digits = [0u8; 20];
+    let mut n = value.unsigned_abs();
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if value < 0 {
+        buf.push('-');
+    }
+    buf.extend(digits[start..].iter().map(|&d| char::from(d)));
+}
+
+/// Writes `'YYYY-MM-DD HH:MM:SS.ffffff'`; for `timestamptz` the value is UTC, which is what the
+/// lane session's `time_zone='+00:00'` expects for TIMESTAMP columns.
+fn push_timestamp(buf: &mut String, micros: i64, type_name: &str) -> Result<(), String> {
+    match micros {
+        i64::MAX => {
+            return Err(format!(
+                "{type_name} value infinity has no MySQL equivalent"
+            ));
+        }
+        i64::MIN => {
+            return Err(format!(
+                "{type_name} value -infinity has no MySQL equivalent"
+            ));
+        }
+        _ => {}
+    }
+    buf.push('\'');
+    push_civil_date(buf, micros.div_euclid(MICROS_PER_DAY))
+        .map_err(|e| format!("{type_name} {e}"))?;
+    buf.push(' ');
+    push_time_of_day(buf, micros.rem_euclid(MICROS_PER_DAY));
+    buf.push('\'');
+    Ok(())
+}
+
+/// Writes `'xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx'` (lower case).
+fn push_uuid(buf: &mut String, bytes: &[u8; 16]) {
+    buf.push('\'');
+    for (i, &b) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            buf.push('-');
+        }
+        buf.push(char::from(HEX[usize::from(b >> 4)]));
+        buf.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    buf.push('\'');
+}
+
+/// Proleptic Gregorian (year, month, day) for days since 1970-01-01; year 0 is 1 BC.
+/// Howard Hinnant's `civil_from_days`: <https://howardhinnant.github.io/date_algorithms.html>.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    // month and day are small positive numbers by construction.
+    (year, month as u32, day as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lit(value: Value) -> String {
+        let mut buf = String::new();
+        push_value(&mut buf, &value).unwrap_or_else(|e| panic!("{value:?}: {e}"));
+        buf
+    }
+
+    fn err(value: Value) -> String {
+        let mut buf = String::new();
+        push_value(&mut buf, &value).expect_err("value must be rejected")
+    }
+
+    #[test]
+    fn strings_double_only_the_quote() {
+        assert_eq!(lit(Value::Text("it's".into())), "'it''s'");
+        assert_eq!(lit(Value::Text("''".into())), "''''''");
+        // Backslashes stay literal under NO_BACKSLASH_ESCAPES.
+        assert_eq!(lit(Value::Text(r"a\'b\".into())), r"'a\''b\'");
+        assert_eq!(lit(Value::Text("nul\0byte".into())), "'nul\0byte'");
+        assert_eq!(lit(Value::Text("żółw 🐢".into())), "'żółw 🐢'");
+        assert_eq!(
+            lit(Value::Json(r#"{"a":"it's"}"#.into())),
+            r#"'{"a":"it''s"}'"#
+        );
+        assert_eq!(
+            lit(Value::Other {
+                type_oid: 869,
+                text: "10.0.0.1".into()
+            }),
+            "'10.0.0.1'"
+        );
+    }
+
+    #[test]
+    fn identifiers_double_backticks() {
+        let mut buf = String::new();
+        push_ident(&mut buf, "we`ird``name");
+        assert_eq!(buf, "`we``ird````name`");
+        buf.clear();
+        push_ident(&mut buf, "it's");
+        assert_eq!(buf, "`it's`");
+    }
+
+    #[test]
+    fn scalars() {
+        assert_eq!(lit(Value::Null), "NULL");
+        assert_eq!(lit(Value::Bool(true)), "1");
+        assert_eq!(lit(Value::Bool(false)), "0");
+        assert_eq!(lit(Value::Int2(i16::MIN)), "-32768");
+        assert_eq!(lit(Value::Int4(42)), "42");
+        assert_eq!(lit(Value::Int8(i64::MAX)), "9223372036854775807");
+        assert_eq!(lit(Value::Int8(i64::MIN)), "-9223372036854775808");
+        assert_eq!(lit(Value::Int4(0)), "0");
+        assert_eq!(lit(Value::Int4(-7)), "-7");
+        assert_eq!(lit(Value::Bytes(vec![0, 0xab, 0xff])), "X'00abff'");
+        assert_eq!(lit(Value::Bytes(vec![])), "X''");
+        assert_eq!(
+            lit(Value::Uuid([
+                0xa0, 0xee, 0xbc, 0x99, 0x9c, 0x0b, 0x4e, 0xf8, 0xbb, 0x6d, 0x6b, 0xb9, 0xbd, 0x38,
+                0x0a, 0x11
+            ])),
+            "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'"
+        );
+    }
+
+    #[test]
+    fn floats_round_trip_in_exponent_form() {
+        for f in [0.1, -2.5, 1e300, 5e-324, f64::MAX, 123_456.789, 0.0, -0.0] {
+            let text = lit(Value::Float8(f));
+            assert!(text.contains('e'), "{text}");
+            assert_eq!(
+                text.parse::<f64>().unwrap().to_bits(),
+                f.to_bits(),
+                "{text}"
+            );
+        }
+        // A real is written as its exact double value, which lies inside FLOAT's range.
+        let text = lit(Value::Float4(f32::MAX));
+        assert_eq!(text, "3.4028234663852886e38");
+        assert_eq!(text.parse::<f64>().unwrap() as f32, f32::MAX);
+        assert_eq!(lit(Value::Float4(0.5)), "5e-1");
+    }
+
+    #[test]
+    fn non_finite_numbers_are_rejected() {
+        assert!(err(Value::Float8(f64::NAN)).contains("NaN"));
+        assert!(err(Value::Float4(f32::INFINITY)).contains("inf"));
+        assert!(err(Value::Float8(f64::NEG_INFINITY)).contains("-inf"));
+        for text in ["NaN", "Infinity", "-Infinity"] {
+            let e = err(Value::Numeric(text.into()));
+            assert!(e.contains(text) && e.contains("no MySQL equivalent"), "{e}");
+        }
+    }
+
+    #[test]
+    fn numerics_are_checked_before_going_unquoted() {
+        for ok in [
+            "0",
+            "-12.5000",
+            "+3",
+            ".5",
+            "5.",
+            "1e10",
+            "1.5E-3",
+            "123456789012345678901234567890",
+        ] {
+            assert_eq!(lit(Value::Numeric(ok.into())), ok);
+        }
+        for bad in [
+            "",
+            ".",
+            "1;DROP TABLE t",
+            "1 2",
+            "0x10",
+            "1e",
+            "--1",
+            "1.2.3",
+        ] {
+            assert!(
+                err(Value::Numeric(bad.into())).contains("not a decimal"),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn dates_and_times() {
+        assert_eq!(lit(Value::Date(0)), "'1970-01-01'");
+        assert_eq!(lit(Value::Date(19_753)), "'2024-01-31'");
+        assert_eq!(lit(Value::Date(-1)), "'1969-12-31'");
+        assert_eq!(lit(Value::Date(11_016)), "'2000-02-29'");
+        assert_eq!(lit(Value::Date(-719_162)), "'0001-01-01'");
+        assert_eq!(lit(Value::Date(2_932_896)), "'9999-12-31'");
+        assert_eq!(lit(Value::Time(0)), "'00:00:00.000000'");
+        assert_eq!(lit(Value::Time(45_296_000_001)), "'12:34:56.000001'");
+        assert_eq!(lit(Value::Time(MICROS_PER_DAY)), "'24:00:00.000000'");
+        assert_eq!(lit(Value::Timestamp(0)), "'1970-01-01 00:00:00.000000'");
+        assert_eq!(lit(Value::Timestamp(-1)), "'1969-12-31 23:59:59.999999'");
+        assert_eq!(
+            lit(Value::TimestampTz(1_706_704_496_123_456)),
+            "'2024-01-31 12:34:56.123456'"
+        );
+    }
+
+    #[test]
+    fn dates_outside_mysql_range_are_rejected() {
+        assert!(err(Value::Date(i32::MAX)).contains("infinity"));
+        assert!(err(Value::Date(i32::MIN)).contains("-infinity"));
+        assert!(err(Value::Timestamp(i64::MAX)).contains("timestamp value infinity"));
+        assert!(err(Value::TimestampTz(i64::MIN)).contains("timestamptz value -infinity"));
+        // 0044-03-15 BC
+        let e = err(Value::Date(-735_160));
+        assert!(e.contains("0044-03-15 BC") && e.contains("outside"), "{e}");
+        assert!(err(Value::Date(2_932_897)).contains("10000-01-01"));
+        assert!(err(Value::Time(-1)).contains("outside"));
+        assert!(err(Value::Unchanged).contains("unchanged"));
+    }
+}

@@ -1,0 +1,2 @@
+//! Sources of changes.
+pub mod postgres;

@@ -1,0 +1,507 @@
+//! The relation cache, and turning Insert/Update/Delete/Truncate messages into [`Change`]s.
+//!
+//! pgoutput sends a Relation message before the first row of a table on each connection and
+//! again whenever the table's shape changes, so the cache starts empty after every
+//! reconnect. Keys follow the replica identity: the primary key (`DEFAULT`), a chosen unique
+//! index (`USING INDEX`), or every column (`FULL`, which flags all columns as key).
+//! See <https://www.postgresql.org/docs/15/sql-altertable.html#SQL-ALTERTABLE-REPLICA-IDENTITY>.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{OldTuple, PgOutput, RelationBody, ReplicaIdentity, TupleValue};
+use crate::change::{Change, Op, Position, Table, Value};
+use crate::error::{Classify, ErrorClass};
+use crate::source::postgres::types::{self, TypeError};
+
+/// A row message that cannot become a [`Change`].
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ChangeError {
+    /// A row message for a relation id no Relation message described.
+    #[error(
+        "pgoutput sent a row for relation id {rel_id} before describing it in a Relation message"
+    )]
+    UnknownRelation {
+        /// The relation id.
+        rel_id: u32,
+    },
+    /// The table has no replica identity key to route and apply rows by.
+    #[error(
+        "table {table} has no replica identity key (REPLICA IDENTITY NOTHING, or DEFAULT \
+         without a primary key); Zipline needs one to route and apply its rows: add a \
+         primary key, or run ALTER TABLE {table} REPLICA IDENTITY USING INDEX <unique index \
+         on NOT NULL columns> (or REPLICA IDENTITY FULL to key on every column)"
+    )]
+    NoKey {
+        /// `schema.name`.
+        table: String,
+    },
+    /// A tuple's column count differs from the Relation message's.
+    #[error(
+        "{tuple} tuple for table {table} has {found} columns, but its Relation message has {expected}"
+    )]
+    ColumnCount {
+        /// `schema.name`.
+        table: String,
+        /// Which tuple (`new`, `old`).
+        tuple: &'static str,
+        /// Columns in the Relation message.
+        expected: usize,
+        /// Columns in the tuple.
+        found: usize,
+    },
+    /// A value could not be parsed for its column's type.
+    #[error("table {table}, column {column}: {source}")]
+    Value {
+        /// `schema.name`.
+        table: String,
+        /// Column name.
+        column: String,
+        /// The parse failure.
+        source: TypeError,
+    },
+    /// A binary-format value arrived though Zipline never requests the `binary` option.
+    #[error(
+        "table {table}, column {column}: got a binary-format value; Zipline expects text format (do not pass binary 'true' to START_REPLICATION)"
+    )]
+    Binary {
+        /// `schema.name`.
+        table: String,
+        /// Column name.
+        column: String,
+    },
+    /// A key column's value was not sent and cannot be recovered from an old tuple.
+    #[error(
+        "table {table}: key column {column} was sent as an unchanged TOAST value with no old value to take it from"
+    )]
+    MissingKey {
+        /// `schema.name`.
+        table: String,
+        /// Column name.
+        column: String,
+    },
+    /// [`Relations::build_change`] was given a message that is not Insert, Update or Delete.
+    #[error("{0} is not a row message")]
+    NotARowMessage(&'static str),
+}
+
+impl Classify for ChangeError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            // Our relation cache or wire options disagree with the walsender: a bug to stop on.
+            ChangeError::UnknownRelation { .. }
+            | ChangeError::Binary { .. }
+            | ChangeError::NotARowMessage(_) => ErrorClass::Fatal,
+            ChangeError::NoKey { .. }
+            | ChangeError::ColumnCount { .. }
+            | ChangeError::Value { .. }
+            | ChangeError::MissingKey { .. } => ErrorClass::Definite,
+        }
+    }
+}
+
+/// The table shapes announced by Relation messages on this connection, by relation id.
+#[derive(Debug, Default)]
+pub(crate) struct Relations {
+    tables: HashMap<u32, Arc<Table>>,
+}
+
+impl Relations {
+    /// Records a Relation message and returns the table shape that changes of that relation
+    /// carry from now on. A shape equal to the cached one keeps the same `Arc`.
+    pub(crate) fn apply_relation(&mut self, r: RelationBody) -> Arc<Table> {
+        // FULL flags every column as key. NOTHING flags none; clearing the flags anyway
+        // guarantees an empty key, which `build_change` rejects with advice.
+        let mut columns = r.columns;
+        if r.replica_identity == ReplicaIdentity::Nothing {
+            columns.iter_mut().for_each(|c| c.is_key = false);
+        }
+        let table = Table::new(r.namespace, r.name, columns);
+        if let Some(old) = self.tables.get(&r.rel_id)
+            && **old == table
+        {
+            return Arc::clone(old);
+        }
+        tracing::debug!(
+            table = %table.qualified_name(),
+            rel_id = r.rel_id,
+            columns = table.columns.len(),
+            key_columns = table.key.len(),
+            replica_identity = ?r.replica_identity,
+            "table shape received"
+        );
+        let table = Arc::new(table);
+        self.tables.insert(r.rel_id, Arc::clone(&table));
+        table
+    }
+
+    /// The current shape of relation `rel_id`.
+    pub(crate) fn get(&self, rel_id: u32) -> Option<&Arc<Table>> {
+        self.tables.get(&rel_id)
+    }
+
+    fn table(&self, rel_id: u32) -> Result<&Arc<Table>, ChangeError> {
+        self.get(rel_id)
+            .ok_or(ChangeError::UnknownRelation { rel_id })
+    }
+
+    fn keyed_table(&self, rel_id: u32) -> Result<&Arc<Table>, ChangeError> {
+        let table = self.table(rel_id)?;
+        if table.key.is_empty() {
+            return Err(ChangeError::NoKey {
+                table: table.qualified_name(),
+            });
+        }
+        Ok(table)
+    }
+
+    /// Builds the change for an Insert, Update or Delete message at `position`.
+    ///
+    /// An update's key columns sent as unchanged TOAST values are taken from the old tuple;
+    /// with a full old row (`REPLICA IDENTITY FULL`) every unchanged column is filled in, so
+    /// only updates under other identities leave [`Value::Unchanged`] in `values`.
+    pub(crate) fn build_change(
+        &self,
+        msg: PgOutput,
+        position: Position,
+    ) -> Result<Change, ChangeError> {
+        let change = |table: &Arc<Table>, op, key, old_key, values| Change {
+            position,
+            op,
+            table: Arc::clone(table),
+            key,
+            old_key,
+            values,
+        };
+        let (op, rel_id, old, new) = match msg {
+            PgOutput::Insert { rel_id, new, .. } => (Op::Insert, rel_id, None, new),
+            PgOutput::Update {
+                rel_id, old, new, ..
+            } => (Op::Update, rel_id, old, new),
+            PgOutput::Delete { rel_id, old, .. } => {
+                let table = self.keyed_table(rel_id)?;
+                let key = key_of(table, &parse_row(table, "old", old.values())?)?;
+                return Ok(change(table, Op::Delete, key, None, Vec::new()));
+            }
+            other => return Err(ChangeError::NotARowMessage(other.name())),
+        };
+        let table = self.keyed_table(rel_id)?;
+        let mut values = parse_row(table, "new", &new)?;
+        let Some(old) = old else {
+            let key = key_of(table, &values)?;
+            return Ok(change(table, op, key, None, values));
+        };
+        let old_values = parse_row(table, "old", old.values())?;
+        // A key-only old tuple has nulls, not values, outside the key.
+        let old_is_full = matches!(old, OldTuple::Full(_));
+        for ((v, old), column) in values.iter_mut().zip(&old_values).zip(&table.columns) {
+            if *v == Value::Unchanged && (old_is_full || column.is_key) {
+                *v = old.clone();
+            }
+        }
+        let key = key_of(table, &values)?;
+        let old_key: Vec<Value> = table
+            .key
+            .iter()
+            .zip(&key)
+            .map(|(&i, new)| match &old_values[i] {
+                Value::Unchanged => new.clone(),
+                v => v.clone(),
+            })
+            .collect();
+        let old_key = (old_key != key).then_some(old_key);
+        Ok(change(table, op, key, old_key, values))
+    }
+
+    /// Builds the change truncating relation `rel_id` (one per id of a Truncate message).
+    pub(crate) fn build_truncate(
+        &self,
+        rel_id: u32,
+        position: Position,
+    ) -> Result<Change, ChangeError> {
+        Ok(Change {
+            position,
+            op: Op::Truncate,
+            table: Arc::clone(self.table(rel_id)?),
+            key: Vec::new(),
+            old_key: None,
+            values: Vec::new(),
+        })
+    }
+}
+
+/// The key column values of a parsed row (which has one value per column).
+fn key_of(table: &Table, row: &[Value]) -> Result<Vec<Value>, ChangeError> {
+    table
+        .key
+        .iter()
+        .map(|&i| match &row[i] {
+            Value::Unchanged => Err(ChangeError::MissingKey {
+                table: table.qualified_name(),
+                column: table.columns[i].name.clone(),
+            }),
+            v => Ok(v.clone()),
+        })
+        .collect()
+}
+
+/// Parses a tuple's values by the table's column types.
+fn parse_row(
+    table: &Table,
+    tuple: &'static str,
+    raw: &[TupleValue],
+) -> Result<Vec<Value>, ChangeError> {
+    if raw.len() != table.columns.len() {
+        return Err(ChangeError::ColumnCount {
+            table: table.qualified_name(),
+            tuple,
+            expected: table.columns.len(),
+            found: raw.len(),
+        });
+    }
+    raw.iter()
+        .zip(&table.columns)
+        .map(|(v, col)| match v {
+            TupleValue::Null => Ok(Value::Null),
+            TupleValue::Unchanged => Ok(Value::Unchanged),
+            TupleValue::Text(text) => {
+                types::parse_text(col.type_oid, text).map_err(|source| ChangeError::Value {
+                    table: table.qualified_name(),
+                    column: col.name.clone(),
+                    source,
+                })
+            }
+            TupleValue::Binary(_) => Err(ChangeError::Binary {
+                table: table.qualified_name(),
+                column: col.name.clone(),
+            }),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::decode;
+    use super::super::tests::{P, U, users_relation, wire};
+    use super::*;
+    use crate::change::Lsn;
+    use P::*;
+
+    /// A cache holding `public.users` (key `id`) with the given replica identity.
+    fn relations(identity: u8) -> Relations {
+        let mut rels = Relations::default();
+        let Ok(PgOutput::Relation(body)) = decode(users_relation(None, identity), false) else {
+            panic!("not a relation")
+        };
+        rels.apply_relation(body);
+        rels
+    }
+
+    fn pos(ordinal: u32) -> Position {
+        Position {
+            lsn: Lsn(100),
+            ordinal,
+        }
+    }
+
+    fn t(s: &str) -> Value {
+        Value::Text(s.into())
+    }
+
+    fn row(parts: &[P], rels: &Relations) -> Result<Change, ChangeError> {
+        let msg = decode(wire(parts), false).expect("valid message");
+        rels.build_change(msg, pos(1))
+    }
+
+    /// An update of `public.users` with an optional (marker, old tuple).
+    fn update(
+        rels: &Relations,
+        old: Option<(u8, &[Option<&str>])>,
+        new: &[Option<&str>],
+    ) -> Result<Change, ChangeError> {
+        let mut parts = vec![B(b'U'), W(16_384)];
+        if let Some((marker, values)) = old {
+            parts.extend([B(marker), T(values)]);
+        }
+        parts.extend([B(b'N'), T(new)]);
+        row(&parts, rels)
+    }
+
+    #[test]
+    fn relation_cache_keeps_shapes() {
+        let mut rels = relations(b'd');
+        let table = Arc::clone(rels.get(16_384).expect("cached"));
+        assert_eq!(table.qualified_name(), "public.users");
+        assert_eq!(table.key, vec![0]);
+        let Ok(PgOutput::Relation(mut body)) = decode(users_relation(None, b'd'), false) else {
+            panic!("not a relation")
+        };
+        assert!(Arc::ptr_eq(&rels.apply_relation(body.clone()), &table));
+        body.columns.pop();
+        let narrower = rels.apply_relation(body);
+        assert_eq!(narrower.columns.len(), 2);
+        assert!(Arc::ptr_eq(rels.get(16_384).unwrap(), &narrower));
+        assert!(rels.get(1).is_none());
+    }
+
+    #[test]
+    fn insert_builds_typed_row_and_key() {
+        let rels = relations(b'd');
+        let c = row(
+            &[
+                B(b'I'),
+                W(16_384),
+                B(b'N'),
+                T(&[Some("7"), Some("ann"), None]),
+            ],
+            &rels,
+        );
+        let c = c.unwrap();
+        assert_eq!((c.op, c.position), (Op::Insert, pos(1)));
+        assert_eq!(c.values, vec![Value::Int4(7), t("ann"), Value::Null]);
+        assert_eq!((c.key, c.old_key), (vec![Value::Int4(7)], None));
+        assert!(Arc::ptr_eq(&c.table, rels.get(16_384).unwrap()));
+    }
+
+    #[test]
+    fn update_without_old_tuple_keeps_unchanged_toast() {
+        let rels = relations(b'd');
+        let c = update(&rels, None, &[Some("7"), Some("bob"), U]).unwrap();
+        assert_eq!(c.op, Op::Update);
+        assert_eq!(c.values, vec![Value::Int4(7), t("bob"), Value::Unchanged]);
+        assert_eq!((c.key, c.old_key), (vec![Value::Int4(7)], None));
+    }
+
+    #[test]
+    fn update_reports_old_key_only_when_the_key_changed() {
+        let rels = relations(b'd');
+        let old_key: &[Option<&str>] = &[Some("7"), None, None];
+        let c = update(&rels, Some((b'K', old_key)), &[Some("8"), Some("b"), U]).unwrap();
+        assert_eq!(c.key, vec![Value::Int4(8)]);
+        assert_eq!(c.old_key, Some(vec![Value::Int4(7)]));
+        // The key tuple's nulls outside the key are not values to fill Unchanged from.
+        assert_eq!(c.values[2], Value::Unchanged);
+
+        // PostgreSQL also sends the old key when it has external TOAST values.
+        let c = update(&rels, Some((b'K', old_key)), &[Some("7"), None, None]).unwrap();
+        assert_eq!(c.old_key, None);
+
+        let c = update(&rels, Some((b'K', old_key)), &[U, Some("c"), None]).unwrap();
+        assert_eq!((c.key, c.old_key), (vec![Value::Int4(7)], None));
+        assert_eq!(c.values[0], Value::Int4(7));
+
+        let e = update(&rels, None, &[U, Some("c"), None]).unwrap_err();
+        assert!(
+            matches!(&e, ChangeError::MissingKey { column, .. } if column == "id"),
+            "{e}"
+        );
+        assert_eq!(e.class(), ErrorClass::Definite);
+    }
+
+    #[test]
+    fn full_old_row_fills_unchanged_columns() {
+        let rels = relations(b'd');
+        let old: &[Option<&str>] = &[Some("7"), Some("a"), Some("long")];
+        let c = update(&rels, Some((b'O', old)), &[Some("7"), Some("b"), U]).unwrap();
+        assert_eq!(c.values, vec![Value::Int4(7), t("b"), t("long")]);
+        assert_eq!(c.old_key, None);
+    }
+
+    #[test]
+    fn replica_identity_full_keys_on_every_column() {
+        // Under FULL the walsender flags every column as key.
+        let Ok(PgOutput::Relation(mut body)) = decode(users_relation(None, b'f'), false) else {
+            panic!("not a relation")
+        };
+        body.columns.iter_mut().for_each(|c| c.is_key = true);
+        let mut rels = Relations::default();
+        rels.apply_relation(body);
+        let old: &[Option<&str>] = &[Some("1"), Some("a"), Some("x")];
+        let c = update(&rels, Some((b'O', old)), &[Some("1"), Some("b"), U]).unwrap();
+        assert_eq!(c.key, vec![Value::Int4(1), t("b"), t("x")]);
+        assert_eq!(c.old_key, Some(vec![Value::Int4(1), t("a"), t("x")]));
+    }
+
+    #[test]
+    fn delete_keys_from_old_tuple() {
+        let rels = relations(b'd');
+        for (marker, old) in [
+            (b'K', [Some("7"), None, None]),
+            (b'O', [Some("7"), Some("x"), None]),
+        ] {
+            let c = row(&[B(b'D'), W(16_384), B(marker), T(&old)], &rels).unwrap();
+            assert_eq!(c.op, Op::Delete);
+            assert_eq!(c.key, vec![Value::Int4(7)]);
+            assert!(c.values.is_empty() && c.old_key.is_none());
+        }
+    }
+
+    #[test]
+    fn truncate_needs_only_a_known_relation() {
+        let rels = relations(b'n');
+        let c = rels.build_truncate(16_384, pos(3)).unwrap();
+        assert_eq!((c.op, c.position), (Op::Truncate, pos(3)));
+        assert_eq!(c.table.name, "users");
+        assert!(c.key.is_empty() && c.values.is_empty() && c.old_key.is_none());
+        let e = rels.build_truncate(99, pos(3)).unwrap_err();
+        assert!(matches!(e, ChangeError::UnknownRelation { rel_id: 99 }));
+    }
+
+    #[test]
+    fn unusable_rows_are_errors_naming_the_table() {
+        let insert = [B(b'I'), W(16_384), B(b'N'), T(&[Some("1"), None, None])];
+        let e = row(&insert, &relations(b'n')).unwrap_err();
+        assert!(matches!(&e, ChangeError::NoKey { table } if table == "public.users"));
+        assert!(e.to_string().contains("REPLICA IDENTITY"), "{e}");
+        assert_eq!(e.class(), ErrorClass::Definite);
+
+        let e = row(&insert, &Relations::default()).unwrap_err();
+        assert!(matches!(e, ChangeError::UnknownRelation { rel_id: 16_384 }));
+        assert_eq!(e.class(), ErrorClass::Fatal);
+
+        let rels = relations(b'd');
+        let e = row(&[B(b'I'), W(16_384), B(b'N'), T(&[Some("1")])], &rels).unwrap_err();
+        assert!(
+            e.to_string().contains("table public.users has 1 columns"),
+            "{e}"
+        );
+        assert!(matches!(
+            e,
+            ChangeError::ColumnCount {
+                expected: 3,
+                found: 1,
+                ..
+            }
+        ));
+
+        let e = update(&rels, Some((b'K', &[Some("1")])), &[Some("1"), None, None]).unwrap_err();
+        assert!(matches!(e, ChangeError::ColumnCount { tuple: "old", .. }));
+
+        let e = row(
+            &[B(b'I'), W(16_384), B(b'N'), T(&[Some("x1"), None, None])],
+            &rels,
+        );
+        let e = e.unwrap_err().to_string();
+        assert!(
+            e.contains("public.users, column id") && e.contains("\"x1\""),
+            "{e}"
+        );
+
+        let binary = [
+            B(b'I'),
+            W(16_384),
+            B(b'N'),
+            H(3),
+            B(b'b'),
+            I(1),
+            B(1),
+            B(b'n'),
+            B(b'n'),
+        ];
+        let e = row(&binary, &rels).unwrap_err();
+        assert!(matches!(&e, ChangeError::Binary { column, .. } if column == "id"));
+
+        let e = rels.build_change(PgOutput::StreamStop, pos(1)).unwrap_err();
+        assert!(matches!(e, ChangeError::NotARowMessage("Stream Stop")));
+    }
+}

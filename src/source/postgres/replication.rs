@@ -1,0 +1,511 @@
+//! The streaming loop: START_REPLICATION → pgoutput messages → changes dispatched to lanes,
+//! acks in, standby status updates out.
+//!
+//! Message flow per transaction (protocol version 1, no streaming of in-progress transactions):
+//! Begin (commit LSN, commit time) → Relation (before first use of a table on this connection,
+//! and again after its shape changes) → Insert/Update/Delete/Truncate … → Commit (end LSN).
+//! Type, Origin and Message are passed over. See
+//! <https://www.postgresql.org/docs/15/protocol-logicalrep-message-formats.html>.
+//!
+//! The flush LSN we report is the ack tracker's frontier: the end LSN of the last transaction
+//! every copy of which is committed in its sink. After a reconnect the server resends from the
+//! slot's confirmed position; lanes skip what their checkpoints already cover.
+//!
+//! While a lane queue is full we stop reading the socket (that is the back-pressure), but keep
+//! processing acks and sending status updates, or the walsender would time us out after
+//! `wal_sender_timeout` (<https://www.postgresql.org/docs/15/runtime-config-replication.html>).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+
+use super::conn::{
+    ConnError, ConnectParams, ReplMessage, ReplicationConn, ReplicationStream, now_pg_micros,
+};
+use super::pgoutput::{self, PgOutput, Relations};
+use super::{PostgresSourceOptions, SourceError, quote_ident, quote_literal};
+use crate::change::{Change, Lsn, Position};
+use crate::error::{Classify, ErrorClass};
+use crate::lane::{Ack, AckTracker, Router, plan};
+
+/// How the pipeline asks the source to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// Keep streaming.
+    Run,
+    /// Stop reading, let the lanes commit what they hold, confirm the frontier, return.
+    Drain,
+    /// Return now (a lane failed); confirm only what is already durable.
+    Abort,
+}
+
+/// Where the source sends changes, and where acks come back.
+#[derive(Debug)]
+pub struct Outputs {
+    /// One router per sink; every change goes to each.
+    pub routers: Vec<Router>,
+    /// Acks from every lane of every sink. Closes when all lanes have finished.
+    pub acks: mpsc::UnboundedReceiver<Ack>,
+}
+
+/// Counters for the progress report.
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    /// Changes received from the slot.
+    pub received: AtomicU64,
+    /// The durable frontier last confirmed upstream.
+    pub confirmed: AtomicU64,
+    /// Microseconds between the commit of the oldest not-yet-durable transaction and now
+    /// (0 when caught up).
+    pub lag_micros: AtomicI64,
+}
+
+/// Reconnect attempts in a row before a lost stream becomes fatal (≈5 minutes of backoff).
+const MAX_RECONNECTS: u32 = 60;
+/// Send a status update at most this often when only the frontier moved.
+const FRONTIER_REPORT_EVERY: Duration = Duration::from_millis(500);
+
+struct State<'a> {
+    opts: &'a PostgresSourceOptions,
+    outputs: Outputs,
+    stop: watch::Receiver<StopMode>,
+    stats: Arc<SourceStats>,
+    tracker: AckTracker,
+    relations: Relations,
+    tx: Option<OpenTx>,
+    received: Lsn,
+    reported: Lsn,
+    last_report: Instant,
+    ticker: tokio::time::Interval,
+}
+
+struct OpenTx {
+    lsn: Lsn,
+    ordinal: u32,
+}
+
+enum Event {
+    Stop,
+    Acks,
+    Tick,
+    Msg(Result<ReplMessage, ConnError>),
+}
+
+enum Flow {
+    Continue,
+    Stopped,
+}
+
+pub(crate) async fn run(
+    opts: &PostgresSourceOptions,
+    params: ConnectParams,
+    outputs: Outputs,
+    stop: watch::Receiver<StopMode>,
+    stats: Arc<SourceStats>,
+) -> Result<(), SourceError> {
+    let mut ticker = tokio::time::interval(opts.status_interval);
+    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut st = State {
+        opts,
+        outputs,
+        stop,
+        stats,
+        tracker: AckTracker::new(Lsn(0)),
+        relations: Relations::default(),
+        tx: None,
+        received: Lsn(0),
+        reported: Lsn(0),
+        last_report: Instant::now(),
+        ticker,
+    };
+    let mut failures = 0u32;
+    loop {
+        let before = st.received;
+        let err = match session(&mut st, &params).await {
+            Ok(()) => return Ok(()),
+            Err(e) if e.class == ErrorClass::Transient => e,
+            Err(e) => return Err(e),
+        };
+        if st.received > before {
+            failures = 0;
+        }
+        failures += 1;
+        if failures > MAX_RECONNECTS {
+            return Err(SourceError::fatal(format!(
+                "{}: giving up after {MAX_RECONNECTS} reconnect attempts: {}",
+                opts.connector, err.message
+            )));
+        }
+        // Let everything dispatched so far become durable (or fail) before resuming, so the
+        // resent transactions never mix with copies still in flight.
+        if !wait_idle(&mut st).await? {
+            return Ok(());
+        }
+        st.tracker.abandon_open();
+        st.tx = None;
+        st.relations = Relations::default();
+        let delay = crate::lane::backoff_for(failures);
+        tracing::warn!(connector = %opts.connector, attempt = failures, delay_ms = delay.as_millis() as u64, error = %err, "replication stream lost; reconnecting");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+fn conn_error(opts: &PostgresSourceOptions, e: ConnError) -> SourceError {
+    let what = format!("{} ({}:{})", opts.connector, opts.host, opts.port);
+    match e.code() {
+        Some("55006") => SourceError::transient(format!(
+            "{what}: replication slot {} is still held by an earlier connection; waiting for the server \
+             to notice it is gone (wal_sender_timeout): {e}",
+            opts.slot_name
+        )),
+        Some("28P01" | "28000") => SourceError::fatal(format!("{what}: cannot log in: {e}")),
+        Some("57P01" | "57P02" | "57P03" | "53300") => {
+            SourceError::transient(format!("{what}: {e}"))
+        }
+        Some(_) => SourceError::fatal(format!("{what}: {e}")),
+        None => match e {
+            ConnError::Io(_) => SourceError::transient(format!("{what}: {e}")),
+            _ => SourceError::fatal(format!("{what}: {e}")),
+        },
+    }
+}
+
+async fn session(st: &mut State<'_>, params: &ConnectParams) -> Result<(), SourceError> {
+    let opts = st.opts;
+    let repl = ReplicationConn::connect(params)
+        .await
+        .map_err(|e| conn_error(opts, e))?;
+    let start = st.tracker.frontier();
+    let command = format!(
+        "START_REPLICATION SLOT {} LOGICAL {start} (proto_version '1', publication_names {})",
+        quote_ident(&opts.slot_name),
+        quote_literal(&quote_ident(&opts.publication)),
+    );
+    let mut stream = repl
+        .start_replication(&command)
+        .await
+        .map_err(|e| conn_error(opts, e))?;
+    tracing::info!(connector = %opts.connector, slot = %opts.slot_name, from = %start, "streaming");
+    loop {
+        let event = tokio::select! {
+            biased;
+            _ = st.stop.changed() => Event::Stop,
+            Some(ack) = st.outputs.acks.recv() => { st.tracker.ack(&ack); Event::Acks }
+            _ = st.ticker.tick() => Event::Tick,
+            msg = stream.recv() => Event::Msg(msg),
+        };
+        let flow = match event {
+            Event::Stop => on_stop(st, &mut stream).await?,
+            Event::Acks => {
+                drain_acks(st);
+                maybe_report(st, &mut stream).await?;
+                Flow::Continue
+            }
+            Event::Tick => {
+                report(st, &mut stream, false).await?;
+                Flow::Continue
+            }
+            Event::Msg(msg) => {
+                on_message(st, &mut stream, msg.map_err(|e| conn_error(opts, e))?).await?
+            }
+        };
+        if let Flow::Stopped = flow {
+            stream.close().await;
+            return Ok(());
+        }
+    }
+}
+
+fn drain_acks(st: &mut State<'_>) {
+    while let Ok(ack) = st.outputs.acks.try_recv() {
+        st.tracker.ack(&ack);
+    }
+    let lag = st
+        .tracker
+        .oldest_pending_commit_time()
+        .map_or(0, |t| (now_pg_micros() - t).max(0));
+    st.stats.lag_micros.store(lag, Ordering::Relaxed);
+}
+
+async fn on_stop(st: &mut State<'_>, stream: &mut ReplicationStream) -> Result<Flow, SourceError> {
+    let mode = *st.stop.borrow_and_update();
+    match mode {
+        StopMode::Run => Ok(Flow::Continue),
+        StopMode::Abort => {
+            drain_acks(st);
+            report(st, stream, false).await?;
+            Ok(Flow::Stopped)
+        }
+        StopMode::Drain => {
+            tracing::info!(connector = %st.opts.connector, in_flight = st.tracker.in_flight(), "draining lanes");
+            // Closing the queues lets each lane commit what it holds and exit.
+            st.outputs.routers.clear();
+            loop {
+                tokio::select! {
+                    ack = st.outputs.acks.recv() => match ack {
+                        Some(ack) => st.tracker.ack(&ack),
+                        None => break,
+                    },
+                    _ = st.ticker.tick() => report(st, stream, false).await?,
+                }
+            }
+            drain_acks(st);
+            report(st, stream, false).await?;
+            tracing::info!(connector = %st.opts.connector, confirmed = %st.reported, "drained; confirmed the durable frontier");
+            Ok(Flow::Stopped)
+        }
+    }
+}
+
+async fn maybe_report(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+) -> Result<(), SourceError> {
+    if st.tracker.frontier() > st.reported && st.last_report.elapsed() >= FRONTIER_REPORT_EVERY {
+        report(st, stream, false).await?;
+    }
+    Ok(())
+}
+
+/// Send a standby status update whose flush position is the durable frontier.
+async fn report(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    reply: bool,
+) -> Result<(), SourceError> {
+    let frontier = st.tracker.frontier();
+    stream
+        .send_status(st.received.max(frontier), frontier, reply)
+        .await
+        .map_err(|e| conn_error(st.opts, e))?;
+    if frontier > st.reported {
+        tracing::debug!(connector = %st.opts.connector, flush = %frontier, "confirmed durable frontier");
+    }
+    st.reported = frontier;
+    st.last_report = Instant::now();
+    st.stats.confirmed.store(frontier.0, Ordering::Relaxed);
+    Ok(())
+}
+
+async fn on_message(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    msg: ReplMessage,
+) -> Result<Flow, SourceError> {
+    match msg {
+        ReplMessage::Keepalive { wal_end, reply } => {
+            st.received = st.received.max(wal_end);
+            if st.tx.is_none() {
+                st.tracker.idle_advance(wal_end);
+            }
+            if reply {
+                report(st, stream, false).await?;
+            } else {
+                maybe_report(st, stream).await?;
+            }
+            Ok(Flow::Continue)
+        }
+        ReplMessage::XLogData { wal_end, data } => {
+            let msg = pgoutput::decode(data, false).map_err(|e| {
+                SourceError::fatal(format!(
+                    "{}: undecodable pgoutput message: {e}",
+                    st.opts.connector
+                ))
+            })?;
+            let flow = on_pgoutput(st, stream, msg).await?;
+            st.received = st.received.max(wal_end);
+            Ok(flow)
+        }
+    }
+}
+
+async fn on_pgoutput(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    msg: PgOutput,
+) -> Result<Flow, SourceError> {
+    match msg {
+        PgOutput::Begin {
+            final_lsn,
+            commit_time,
+            ..
+        } => {
+            st.tracker.begin(final_lsn, commit_time);
+            st.tx = Some(OpenTx {
+                lsn: final_lsn,
+                ordinal: 0,
+            });
+        }
+        PgOutput::Commit { end_lsn, .. } => {
+            st.tracker.commit(end_lsn);
+            st.tx = None;
+        }
+        PgOutput::Relation(body) => {
+            let table = st.relations.apply_relation(body);
+            tracing::debug!(table = %table.qualified_name(), columns = table.columns.len(), "relation");
+        }
+        msg @ (PgOutput::Insert { .. } | PgOutput::Update { .. } | PgOutput::Delete { .. }) => {
+            let position = next_position(st)?;
+            let change = st
+                .relations
+                .build_change(msg, position)
+                .map_err(|e| change_error(st, &e))?;
+            st.stats.received.fetch_add(1, Ordering::Relaxed);
+            return dispatch(st, stream, change).await;
+        }
+        PgOutput::Truncate { rel_ids, .. } => {
+            for rel_id in rel_ids {
+                let position = next_position(st)?;
+                let change = st
+                    .relations
+                    .build_truncate(rel_id, position)
+                    .map_err(|e| change_error(st, &e))?;
+                st.stats.received.fetch_add(1, Ordering::Relaxed);
+                if let Flow::Stopped = truncate_barrier(st, stream, change).await? {
+                    return Ok(Flow::Stopped);
+                }
+            }
+        }
+        PgOutput::Origin { .. } | PgOutput::Type { .. } | PgOutput::Message { .. } => {}
+        other => {
+            return Err(SourceError::fatal(format!(
+                "{}: unexpected pgoutput message {} (streaming of in-progress transactions was not requested)",
+                st.opts.connector,
+                other.name()
+            )));
+        }
+    }
+    Ok(Flow::Continue)
+}
+
+fn change_error(st: &State<'_>, e: &pgoutput::ChangeError) -> SourceError {
+    let message = format!("{}: {e}", st.opts.connector);
+    match e.class() {
+        ErrorClass::Definite => SourceError::definite(message),
+        _ => SourceError::fatal(message),
+    }
+}
+
+fn next_position(st: &mut State<'_>) -> Result<Position, SourceError> {
+    let tx = st.tx.as_mut().ok_or_else(|| {
+        SourceError::fatal(format!(
+            "{}: row message outside a transaction",
+            st.opts.connector
+        ))
+    })?;
+    tx.ordinal += 1;
+    Ok(Position {
+        lsn: tx.lsn,
+        ordinal: tx.ordinal,
+    })
+}
+
+/// Hand one change to every sink's lane for its key, waiting for queue space while still
+/// serving acks and status updates.
+async fn dispatch(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    change: Change,
+) -> Result<Flow, SourceError> {
+    let sinks = st.outputs.routers.len();
+    let mut change = Some(change);
+    for i in 0..sinks {
+        // Clone for every sink but the last, which takes the original.
+        let copy = if i + 1 == sinks {
+            change.take()
+        } else {
+            change.clone()
+        };
+        let Some(copy) = copy else { break };
+        let lanes = st.outputs.routers[i].lanes();
+        for (lane, part) in plan(copy, lanes) {
+            if let Flow::Stopped = send(st, stream, i, lane, part).await? {
+                return Ok(Flow::Stopped);
+            }
+        }
+    }
+    Ok(Flow::Continue)
+}
+
+async fn send(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    sink: usize,
+    lane: u32,
+    change: Change,
+) -> Result<Flow, SourceError> {
+    let sender = st.outputs.routers[sink].sender(lane).clone();
+    let permit = loop {
+        tokio::select! {
+            biased;
+            permit = sender.reserve() => break permit.map_err(|_| SourceError::fatal(format!("{}: lane {lane} of sink #{sink} stopped", st.opts.connector)))?,
+            _ = st.stop.changed() => {
+                if *st.stop.borrow() == StopMode::Abort {
+                    return on_stop(st, stream).await;
+                }
+            }
+            Some(ack) = st.outputs.acks.recv() => { st.tracker.ack(&ack); drain_acks(st); maybe_report(st, stream).await?; }
+            _ = st.ticker.tick() => report(st, stream, false).await?,
+        }
+    };
+    permit.send(Arc::new(change));
+    st.tracker.dispatched(1);
+    Ok(Flow::Continue)
+}
+
+/// A truncate must land after every earlier change of every lane and before every later one:
+/// wait until nothing is in flight, send it to lane 0 of each sink, and wait again.
+async fn truncate_barrier(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    change: Change,
+) -> Result<Flow, SourceError> {
+    if !wait_idle_streaming(st, stream).await? {
+        return Ok(Flow::Stopped);
+    }
+    for i in 0..st.outputs.routers.len() {
+        if let Flow::Stopped = send(st, stream, i, 0, change.clone()).await? {
+            return Ok(Flow::Stopped);
+        }
+    }
+    if !wait_idle_streaming(st, stream).await? {
+        return Ok(Flow::Stopped);
+    }
+    Ok(Flow::Continue)
+}
+
+/// Wait until every dispatched copy is acked, keeping the stream alive. False on Abort.
+async fn wait_idle_streaming(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+) -> Result<bool, SourceError> {
+    while st.tracker.in_flight() > 0 {
+        tokio::select! {
+            ack = st.outputs.acks.recv() => match ack {
+                Some(ack) => { st.tracker.ack(&ack); drain_acks(st); }
+                None => return Err(SourceError::fatal(format!("{}: every lane stopped", st.opts.connector))),
+            },
+            _ = st.stop.changed() => if *st.stop.borrow() == StopMode::Abort { return Ok(false) },
+            _ = st.ticker.tick() => report(st, stream, false).await?,
+        }
+    }
+    Ok(true)
+}
+
+/// Wait until every dispatched copy is acked, with no stream (it was lost). False when asked
+/// to stop: at once on Abort, once idle on Drain (the lanes close when `Outputs` drops).
+async fn wait_idle(st: &mut State<'_>) -> Result<bool, SourceError> {
+    while st.tracker.in_flight() > 0 {
+        tokio::select! {
+            ack = st.outputs.acks.recv() => match ack {
+                Some(ack) => st.tracker.ack(&ack),
+                None => return Err(SourceError::fatal(format!("{}: every lane stopped", st.opts.connector))),
+            },
+            _ = st.stop.changed() => if *st.stop.borrow() == StopMode::Abort { return Ok(false) },
+        }
+    }
+    Ok(*st.stop.borrow() == StopMode::Run)
+}

@@ -1,0 +1,325 @@
+//! Preflight and ownership of the publication and slot, over an ordinary SQL connection.
+//!
+//! Order matters: everything that can fail on the user's setup (reachability, credentials,
+//! `wal_level`, tables and their keys) is checked first, read-only; only then does Zipline
+//! create the publication and the slot, so a bad config never leaves a slot behind holding WAL.
+//! Catalog queries: <https://www.postgresql.org/docs/15/catalogs.html>.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::{Client, NoTls};
+
+use super::conn::ConnectParams;
+use super::{SourceError, quote_ident, quote_literal};
+use crate::change::{Column, Table};
+
+/// An open SQL connection whose driver task ends with the client.
+pub(crate) async fn connect_sql(
+    params: &ConnectParams,
+    retries: u32,
+) -> Result<Client, SourceError> {
+    let mut cfg = tokio_postgres::Config::new();
+    cfg.host(&params.host)
+        .port(params.port)
+        .user(&params.user)
+        .dbname(&params.database)
+        .application_name("zipline")
+        .connect_timeout(params.connect_timeout);
+    if let Some(pw) = &params.password {
+        cfg.password(pw);
+    }
+    let mut attempt = 0;
+    loop {
+        match cfg.connect(NoTls).await {
+            Ok((client, connection)) => {
+                tokio::spawn(async move {
+                    if let Err(e) = connection.await {
+                        tracing::debug!(error = %e, "source SQL connection closed");
+                    }
+                });
+                return Ok(client);
+            }
+            Err(e) => {
+                let db_error = e.as_db_error().is_some();
+                attempt += 1;
+                if db_error || attempt > retries {
+                    return Err(connect_error(params, &e, attempt, db_error));
+                }
+                let delay = Duration::from_millis(200 * (1 << attempt.min(5)));
+                tracing::warn!(host = %params.host, port = params.port, attempt, retries, delay_ms = delay.as_millis() as u64, error = %e, "cannot reach PostgreSQL yet; retrying");
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}
+
+fn connect_error(
+    params: &ConnectParams,
+    e: &tokio_postgres::Error,
+    attempts: u32,
+    db_error: bool,
+) -> SourceError {
+    let reason = e
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_else(|| {
+            let mut text = e.to_string();
+            let mut src = std::error::Error::source(e);
+            while let Some(s) = src {
+                text = format!("{text}: {s}");
+                src = s.source();
+            }
+            text
+        });
+    let where_ = format!(
+        "PostgreSQL at {}:{} (database {}, user {})",
+        params.host, params.port, params.database, params.user
+    );
+    if db_error {
+        SourceError::fatal(format!("cannot log in to {where_}: {reason}"))
+    } else {
+        SourceError::fatal(format!(
+            "cannot reach {where_} after {attempts} attempts: {reason}; check host, port and that the server is running"
+        ))
+    }
+}
+
+/// Stop unless the server decodes logical WAL.
+pub(crate) async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
+    let level: String = client
+        .query_one("SHOW wal_level", &[])
+        .await
+        .map_err(|e| sql_error("reading wal_level", &e))?
+        .get(0);
+    if level != "logical" {
+        return Err(SourceError::fatal(format!(
+            "PostgreSQL has wal_level={level}, but logical replication needs wal_level=logical; \
+             run `ALTER SYSTEM SET wal_level = logical;` as a superuser and restart PostgreSQL \
+             (or set wal_level = logical in postgresql.conf)"
+        )));
+    }
+    Ok(())
+}
+
+/// The tables the pipeline replicates, with their shapes, checked for usable keys.
+///
+/// `configured`: `schema.table` or `table` (meaning `public.table`); `None` means the tables
+/// the existing publication covers, or every user table when the publication does not exist.
+pub(crate) async fn resolve_tables(
+    client: &Client,
+    publication: &str,
+    configured: Option<&[String]>,
+) -> Result<Vec<Arc<Table>>, SourceError> {
+    let names: Vec<(String, String)> = match configured {
+        Some(list) => list.iter().map(|t| split_table_name(t)).collect(),
+        None => {
+            let exists = publication_exists(client, publication).await?;
+            let sql = if exists {
+                "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2"
+            } else {
+                "SELECT n.nspname::text, c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') \
+                 AND n.nspname NOT LIKE 'pg_toast%' AND n.nspname NOT LIKE 'pg_temp%' AND $1::text IS NOT NULL ORDER BY 1, 2"
+            };
+            client
+                .query(sql, &[&publication])
+                .await
+                .map_err(|e| sql_error("listing published tables", &e))?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect()
+        }
+    };
+    let mut tables = Vec::with_capacity(names.len());
+    for (schema, name) in names {
+        tables.push(Arc::new(describe_table(client, &schema, &name).await?));
+    }
+    Ok(tables)
+}
+
+fn split_table_name(name: &str) -> (String, String) {
+    match name.split_once('.') {
+        Some((s, t)) => (s.to_owned(), t.to_owned()),
+        None => ("public".to_owned(), name.to_owned()),
+    }
+}
+
+async fn describe_table(client: &Client, schema: &str, name: &str) -> Result<Table, SourceError> {
+    let qualified = format!("{schema}.{name}");
+    let rel = client
+        .query_opt(
+            "SELECT c.oid, c.relreplident::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+            &[&schema, &name],
+        )
+        .await
+        .map_err(|e| sql_error("reading pg_class", &e))?
+        .ok_or_else(|| SourceError::fatal(format!("table {qualified} does not exist on the source")))?;
+    let oid: u32 = rel.get(0);
+    let identity: String = rel.get(1);
+    // The key pgoutput will flag: the primary key under REPLICA IDENTITY DEFAULT, the chosen
+    // index under USING INDEX. FULL and NOTHING are refused: FULL keys every column, which a
+    // sink cannot upsert by, and NOTHING sends no key at all.
+    let key_index_filter = match identity.as_str() {
+        "d" => "i.indisprimary",
+        "i" => "i.indisreplident",
+        "f" => {
+            return Err(SourceError::fatal(format!(
+                "table {qualified} has REPLICA IDENTITY FULL, which Zipline does not support yet: \
+                 give it a primary key and run ALTER TABLE {qualified} REPLICA IDENTITY DEFAULT"
+            )));
+        }
+        _ => {
+            return Err(SourceError::fatal(format!(
+                "table {qualified} has REPLICA IDENTITY NOTHING: Zipline needs a key; give it a primary key \
+                 and run ALTER TABLE {qualified} REPLICA IDENTITY DEFAULT"
+            )));
+        }
+    };
+    let sql = format!(
+        "SELECT a.attname::text, a.atttypid, a.atttypmod, \
+                EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = a.attrelid AND {key_index_filter} AND a.attnum = ANY(i.indkey)) \
+         FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
+         ORDER BY a.attnum"
+    );
+    let rows = client
+        .query(&sql, &[&oid])
+        .await
+        .map_err(|e| sql_error("reading pg_attribute", &e))?;
+    let columns: Vec<Column> = rows
+        .iter()
+        .map(|r| Column {
+            name: r.get(0),
+            type_oid: r.get(1),
+            type_modifier: r.get(2),
+            is_key: r.get(3),
+        })
+        .collect();
+    if !columns.iter().any(|c| c.is_key) {
+        return Err(SourceError::fatal(format!(
+            "table {qualified} has no primary key: Zipline routes and applies rows by key; add one \
+             (ALTER TABLE {qualified} ADD PRIMARY KEY (...)) or point REPLICA IDENTITY USING INDEX at a unique index \
+             on NOT NULL columns"
+        )));
+    }
+    Ok(Table::new(schema.to_owned(), name.to_owned(), columns))
+}
+
+async fn publication_exists(client: &Client, publication: &str) -> Result<bool, SourceError> {
+    Ok(client
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(|e| sql_error("reading pg_publication", &e))?
+        .is_some())
+}
+
+/// Create the publication when absent; when Zipline was told which tables to publish, make
+/// an existing publication cover exactly those.
+pub(crate) async fn ensure_publication(
+    client: &Client,
+    publication: &str,
+    configured: Option<&[String]>,
+    tables: &[Arc<Table>],
+) -> Result<(), SourceError> {
+    let list = || {
+        tables
+            .iter()
+            .map(|t| format!("{}.{}", quote_ident(&t.schema), quote_ident(&t.name)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let exists = publication_exists(client, publication).await?;
+    let sql = match (exists, configured) {
+        (false, Some(_)) => format!(
+            "CREATE PUBLICATION {} FOR TABLE {}",
+            quote_ident(publication),
+            list()
+        ),
+        (false, None) => format!(
+            "CREATE PUBLICATION {} FOR ALL TABLES",
+            quote_ident(publication)
+        ),
+        (true, Some(_)) => format!(
+            "ALTER PUBLICATION {} SET TABLE {}",
+            quote_ident(publication),
+            list()
+        ),
+        (true, None) => return Ok(()),
+    };
+    tracing::info!(publication, statement = %sql, "configuring publication");
+    client
+        .batch_execute(&sql)
+        .await
+        .map_err(|e| sql_error(&format!("configuring publication {publication}"), &e))
+}
+
+/// What we know of an existing slot.
+pub(crate) struct SlotInfo {
+    pub confirmed_flush: Option<String>,
+}
+
+/// The slot's state, or `None` when absent; an incompatible slot of that name is an error.
+pub(crate) async fn find_slot(
+    client: &Client,
+    slot: &str,
+    database: &str,
+) -> Result<Option<SlotInfo>, SourceError> {
+    let row = client
+        .query_opt(
+            "SELECT slot_type, plugin::text, database::text, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| sql_error("reading pg_replication_slots", &e))?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let slot_type: String = row.get(0);
+    let plugin: Option<String> = row.get(1);
+    let db: Option<String> = row.get(2);
+    if slot_type != "logical"
+        || plugin.as_deref() != Some("pgoutput")
+        || db.as_deref() != Some(database)
+    {
+        return Err(SourceError::fatal(format!(
+            "replication slot {slot} exists but is not a pgoutput logical slot of database {database} \
+             (type {slot_type}, plugin {}, database {}); choose another slot_name or drop it with \
+             SELECT pg_drop_replication_slot({})",
+            plugin.as_deref().unwrap_or("none"),
+            db.as_deref().unwrap_or("none"),
+            quote_literal(slot)
+        )));
+    }
+    Ok(Some(SlotInfo {
+        confirmed_flush: row.get(3),
+    }))
+}
+
+/// Render a tokio-postgres error with the server's message, for a source error.
+pub(crate) fn sql_error(doing: &str, e: &tokio_postgres::Error) -> SourceError {
+    match e.as_db_error() {
+        Some(db) => SourceError::fatal(format!("{doing}: {}", db.message())),
+        None => SourceError::transient(format!("{doing}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_default_to_public() {
+        assert_eq!(
+            split_table_name("orders"),
+            ("public".into(), "orders".into())
+        );
+        assert_eq!(
+            split_table_name("shop.orders"),
+            ("shop".into(), "orders".into())
+        );
+    }
+}
