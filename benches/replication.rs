@@ -144,12 +144,15 @@ fn generate(changes: usize) -> (Vec<String>, Vec<Op>) {
     (txs, ops)
 }
 
+static RAW_RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 const MYSQL_TABLE: &str = "CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NOT NULL, price DECIMAL(12,2) NOT NULL, updated_at DATETIME(6) NOT NULL)";
 
 /// The raw loader: per-lane batches, coalesced per key, DELETE … IN then multi-row upsert.
 async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
     let mut conn = mysql_async::Conn::from_url(url).await.expect("raw connect");
-    conn.query_drop("SET SESSION transaction_isolation='READ-COMMITTED', time_zone='+00:00'")
+    conn.query_drop("SET SESSION time_zone='+00:00'").await.unwrap();
+    conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         .await
         .unwrap();
     let mut applied = 0;
@@ -189,7 +192,15 @@ async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
             write!(sql, "INSERT INTO items (id, name, qty, price, updated_at) VALUES {upserts} ON DUPLICATE KEY UPDATE name=VALUES(name), qty=VALUES(qty), price=VALUES(price), updated_at=VALUES(updated_at);").unwrap();
         }
         sql.push_str("COMMIT;");
-        conn.query_drop(sql).await.expect("raw batch");
+        // Lanes upserting neighbouring keys can deadlock on InnoDB's duplicate-check locks;
+        // a hand-written loader retries too.
+        let mut tries = 0;
+        while let Err(e) = conn.query_drop(&sql).await {
+            tries += 1;
+            assert!(tries < 20, "raw batch keeps failing: {e}");
+            let _ = conn.query_drop("ROLLBACK").await;
+            RAW_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         applied += chunk.len() as u64;
     }
     applied
@@ -213,6 +224,46 @@ fn proc_stat(pid: u32) -> (u64, f64) {
     let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
         + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
     (hwm_kb, ticks as f64 / 100.0)
+}
+
+/// CPU seconds used so far by `root` and every descendant, live or reaped.
+fn tree_cpu(root: u32) -> f64 {
+    let mut parent_of = Vec::new();
+    let mut ticks_of = HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+        let num = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        parent_of.push((pid, num(1) as u32));
+        // utime, stime, and the reaped children's cutime, cstime.
+        ticks_of.insert(pid, num(11) + num(12) + num(13) + num(14));
+    }
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree.iter().filter_map(|p| ticks_of.get(p)).sum::<u64>() as f64 / 100.0
+}
+
+struct Cpu {
+    pg: f64,
+    my: f64,
+}
+
+fn cpu_now(pg: &common::Postgres, my: &common::MariaDb) -> Cpu {
+    Cpu {
+        pg: pg.pid().map_or(0.0, tree_cpu),
+        my: my.pid().map_or(0.0, tree_cpu),
+    }
+}
+
+fn cpu_since(before: &Cpu, pg: &common::Postgres, my: &common::MariaDb) -> String {
+    let now = cpu_now(pg, my);
+    format!("PostgreSQL {:.2}s, MariaDB {:.2}s", now.pg - before.pg, now.my - before.my)
 }
 
 #[tokio::main]
@@ -251,11 +302,21 @@ async fn main() {
         started.elapsed().as_secs_f64()
     );
 
+    // PostgreSQL's own decoding speed for this backlog: the ceiling for any pgoutput reader.
+    let started = Instant::now();
+    let decoded = pg.psql(
+        "bench",
+        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('zbench', NULL, NULL, 'proto_version', '1', 'publication_names', 'zbench')",
+    );
+    let decode_secs = started.elapsed().as_secs_f64();
+    println!("pgoutput decode only: {decoded} messages in {decode_secs:.2}s = {:.0} changes/s", total as f64 / decode_secs);
+
     // Raw baseline.
     let mut per_lane: Vec<Vec<Op>> = vec![Vec::new(); lanes];
     for op in ops {
         per_lane[(op.id() as u64 % lanes as u64) as usize].push(op);
     }
+    let cpu = cpu_now(&pg, &my);
     let started = Instant::now();
     let tasks: Vec<_> = per_lane
         .into_iter()
@@ -267,6 +328,7 @@ async fn main() {
     }
     let raw_secs = started.elapsed().as_secs_f64();
     let raw_rate = raw_applied as f64 / raw_secs;
+    let raw_cpu = cpu_since(&cpu, &pg, &my);
 
     // Zipline.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -280,8 +342,19 @@ async fn main() {
     )
     .expect("write yaml");
     let log = std::fs::File::create(dir.path().join("zipline.log")).expect("log");
+    let cpu = cpu_now(&pg, &my);
     let started = Instant::now();
-    let mut child = std::process::Command::new(common::zipline_bin())
+    // ZIPLINE_BENCH_WRAP runs Zipline under a profiler, e.g. "perf record -g -o /tmp/zl.data --".
+    let wrap: Vec<String> = std::env::var("ZIPLINE_BENCH_WRAP").map(|w| w.split_whitespace().map(str::to_owned).collect()).unwrap_or_default();
+    let mut command = match wrap.split_first() {
+        Some((program, args)) => {
+            let mut c = std::process::Command::new(program);
+            c.args(args).arg(common::zipline_bin());
+            c
+        }
+        None => std::process::Command::new(common::zipline_bin()),
+    };
+    let mut child = command
         .args(["pipeline", "apply", "-f"])
         .arg(&yaml)
         .stderr(log)
@@ -309,6 +382,7 @@ async fn main() {
     }
     let zl_secs = started.elapsed().as_secs_f64();
     let zl_rate = total as f64 / zl_secs;
+    let zl_cpu = cpu_since(&cpu, &pg, &my);
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();
@@ -325,10 +399,10 @@ async fn main() {
     );
 
     println!(
-        "raw MariaDB upserts : {raw_applied} changes in {raw_secs:.2}s = {raw_rate:.0} changes/s ({lanes} connections, batch {batch})"
+        "raw MariaDB upserts : {raw_applied} changes in {raw_secs:.2}s = {raw_rate:.0} changes/s ({lanes} connections, batch {batch}; CPU: {raw_cpu})"
     );
     println!(
-        "zipline PG → MariaDB: {total} changes in {zl_secs:.2}s = {zl_rate:.0} changes/s ({lanes} lanes, batch {batch})"
+        "zipline PG → MariaDB: {total} changes in {zl_secs:.2}s = {zl_rate:.0} changes/s ({lanes} lanes, batch {batch}; CPU: {zl_cpu})"
     );
     println!("ratio zipline/raw   : {:.2}", zl_rate / raw_rate);
     println!(

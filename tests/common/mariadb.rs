@@ -10,7 +10,7 @@
 //! the server (the OS still has the log writes); 0 could lose the last second of commits.
 
 use super::{
-    StartError, copy_dir, file_len, kill_child, log_since, run, run_with_stdin, tcp_accepts,
+    StartError, copy_dir, file_len, kill_child, log_since, run, tcp_accepts, try_run_with_stdin,
 };
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -116,6 +116,11 @@ impl MariaDb {
     /// Runs `sql` (one or more statements) with the mariadb CLI in batch mode; panics with its
     /// stderr on any error. Returns tab-separated rows without headers, trimmed.
     pub fn sql(&self, db: &str, sql: &str) -> String {
+        self.try_sql(db, sql).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`MariaDb::sql`], but an SQL error is an `Err` carrying the client's stderr.
+    pub fn try_sql(&self, db: &str, sql: &str) -> Result<String, String> {
         let mut cmd = Command::new("mariadb");
         cmd.args([
             "--no-defaults",
@@ -129,7 +134,7 @@ impl MariaDb {
         if !db.is_empty() {
             cmd.arg(db);
         }
-        run_with_stdin(
+        try_run_with_stdin(
             &mut cmd,
             sql,
             &format!("mariadb on port {} db {db:?}", self.port),
@@ -179,6 +184,11 @@ impl MariaDb {
     }
 
     /// The error log so far (every start).
+    /// PID of the server process while it runs (for CPU accounting in benchmarks).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+
     pub fn log(&self) -> String {
         log_since(&self.log_path(), 0)
     }

@@ -109,12 +109,15 @@ pub(crate) fn test_dir() -> tempfile::TempDir {
 const OWNER_FILE: &str = "owner";
 
 /// "<pid> <start time in clock ticks since boot>" from /proc/<pid>/stat (field 22), or None if
-/// the process does not exist.
+/// the process does not exist or is a zombie (dead, but its entry lingers until reaped).
 fn process_identity(pid: u32) -> Option<String> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name start at field 3.
-    let start = stat[stat.rfind(')')? + 1..].split_whitespace().nth(19)?;
-    Some(format!("{pid} {start}"))
+    // Fields after the parenthesised command name start at field 3 (the state).
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    Some(format!("{pid} {}", fields.get(19)?))
 }
 
 /// True if the test process that created `dir` is gone; None if `dir` records no owner.
@@ -278,9 +281,14 @@ pub(crate) fn run(cmd: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// Runs a CLI client with `input` on stdin; panics with stderr unless it succeeds. Returns
-/// stdout trimmed. stdin is fed from a thread so large inputs and outputs cannot deadlock.
-pub(crate) fn run_with_stdin(cmd: &mut Command, input: &str, what: &str) -> String {
+/// Runs a CLI client with `input` on stdin. Returns stdout trimmed, or an `Err` with the exit
+/// status and stderr if the client fails (failing to start it at all panics). stdin is fed from a thread so large inputs and
+/// outputs cannot deadlock.
+pub(crate) fn try_run_with_stdin(
+    cmd: &mut Command,
+    input: &str,
+    what: &str,
+) -> Result<String, String> {
     use std::io::Write;
     let mut child = cmd
         .stdin(Stdio::piped())
@@ -297,14 +305,14 @@ pub(crate) fn run_with_stdin(cmd: &mut Command, input: &str, what: &str) -> Stri
     // A client that exits early closes the pipe; its exit status explains why.
     let _ = feeder.join();
     if !out.status.success() {
-        panic!(
+        return Err(format!(
             "{what} failed ({}):\n{}{}",
             out.status,
             String::from_utf8_lossy(&out.stderr),
             String::from_utf8_lossy(&out.stdout)
-        );
+        ));
     }
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// uid and gid of an OS user, from /etc/passwd (avoids unsafe `getpwnam`).

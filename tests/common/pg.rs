@@ -11,8 +11,8 @@
 //! backends included); the next start on the same directory, or drop, removes the segment.
 
 use super::{
-    StartError, copy_dir, file_len, kill_child, kill_tree, log_since, os_user, run, run_with_stdin,
-    stop_child, tcp_accepts, wait_timeout,
+    StartError, copy_dir, file_len, kill_child, kill_tree, log_since, os_user, run, stop_child,
+    tcp_accepts, try_run_with_stdin, wait_timeout,
 };
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -153,7 +153,13 @@ impl Postgres {
     /// stderr on any error. Returns unaligned, tuples-only output, trimmed; rows are separated
     /// by newlines and columns by `|`.
     pub fn psql(&self, db: &str, sql: &str) -> String {
-        run_with_stdin(
+        self.try_psql(db, sql).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`Postgres::psql`], but an SQL error is an `Err` carrying psql's stderr (for tests
+    /// that expect one).
+    pub fn try_psql(&self, db: &str, sql: &str) -> Result<String, String> {
+        try_run_with_stdin(
             Command::new(format!("{BIN}/psql"))
                 .args([
                     "-X",
@@ -221,6 +227,11 @@ impl Postgres {
     }
 
     /// The server log so far (stderr of every start).
+    /// PID of the server process while it runs (for CPU accounting in benchmarks).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+
     pub fn log(&self) -> String {
         log_since(&self.log_path(), 0)
     }
