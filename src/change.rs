@@ -9,13 +9,31 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-/// A PostgreSQL write-ahead-log position (`pg_lsn`), printed as `X/Y` in hex.
+/// A source log position: a PostgreSQL write-ahead-log position (`pg_lsn`, 64 bits, printed
+/// `X/Y` in hex) or a SQL Server log sequence number (80 bits, printed as 20 hex digits).
+/// Wide enough for both, so checkpoints and the ack tracker need not know the source.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Lsn(pub u64);
+pub struct Lsn(pub u128);
+
+impl Lsn {
+    /// The position as PostgreSQL's 64-bit LSN (saturating: PostgreSQL positions always fit).
+    pub fn as_pg(self) -> u64 {
+        u64::try_from(self.0).unwrap_or(u64::MAX)
+    }
+}
+
+impl From<u64> for Lsn {
+    fn from(pg: u64) -> Self {
+        Lsn(u128::from(pg))
+    }
+}
 
 impl fmt::Display for Lsn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
+        match u64::try_from(self.0) {
+            Ok(pg) => write!(f, "{:X}/{:X}", pg >> 32, pg & 0xFFFF_FFFF),
+            Err(_) => write!(f, "0x{:020X}", self.0),
+        }
     }
 }
 
@@ -31,7 +49,7 @@ impl FromStr for Lsn {
         let (hi, lo) = s.split_once('/').ok_or_else(err)?;
         let hi = u32::from_str_radix(hi, 16).map_err(|_| err())?;
         let lo = u32::from_str_radix(lo, 16).map_err(|_| err())?;
-        Ok(Lsn((u64::from(hi) << 32) | u64::from(lo)))
+        Ok(Lsn::from((u64::from(hi) << 32) | u64::from(lo)))
     }
 }
 
@@ -217,6 +235,13 @@ mod tests {
         assert_eq!(lsn.to_string(), "16/B374D848");
         assert!("16B374D848".parse::<Lsn>().is_err());
         assert!("x/1".parse::<Lsn>().is_err());
+        // SQL Server's 80-bit LSNs print whole.
+        assert_eq!(
+            Lsn(0x0001_0000_0000_0000_0003).to_string(),
+            "0x00010000000000000003"
+        );
+        assert_eq!(Lsn::from(u64::MAX).as_pg(), u64::MAX);
+        assert_eq!(Lsn(u128::MAX).as_pg(), u64::MAX);
     }
 
     #[test]

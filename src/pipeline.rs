@@ -289,7 +289,7 @@ async fn report_progress(every: Duration, source: Arc<SourceStats>, lanes: Vec<A
             applied,
             received = source.received.load(Ordering::Relaxed),
             lag_ms = source.lag_micros.load(Ordering::Relaxed) / 1000,
-            confirmed = %Lsn(source.confirmed.load(Ordering::Relaxed)),
+            confirmed = %Lsn::from(source.confirmed.load(Ordering::Relaxed)),
             retries,
             "progress"
         );

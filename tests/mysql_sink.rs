@@ -69,7 +69,7 @@ const ORDERS_DDL: &str = "CREATE TABLE orders (id INT PRIMARY KEY, note TEXT NUL
 
 fn pos(lsn: u64, ordinal: u32) -> Position {
     Position {
-        lsn: Lsn(lsn),
+        lsn: Lsn::from(lsn),
         ordinal,
     }
 }

@@ -73,7 +73,7 @@ pub(crate) mod mysql {
         push_table(&mut sql, database);
         sql.push_str(
             " (pipeline VARCHAR(128) NOT NULL, connector VARCHAR(128) NOT NULL, \
-             lane INT NOT NULL, lanes INT NOT NULL, lsn BIGINT UNSIGNED NOT NULL, \
+             lane INT NOT NULL, lanes INT NOT NULL, lsn DECIMAL(39,0) NOT NULL, \
              ordinal INT UNSIGNED NOT NULL, \
              updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
              PRIMARY KEY (pipeline, connector, lane)) \
@@ -146,23 +146,35 @@ pub(crate) mod mysql {
         database: &str,
         key: &LaneKey<'_>,
     ) -> Result<Option<Position>, mysql_async::Error> {
-        let mut sql = String::from("SELECT lane, lanes, lsn, ordinal FROM ");
+        let mut sql = String::from("SELECT lane, lanes, CAST(lsn AS CHAR), ordinal FROM ");
         push_table(&mut sql, database);
         push_owner_filter(&mut sql, key);
         sql.push_str(" FOR UPDATE");
         conn.query_drop("START TRANSACTION").await?;
-        let rows: Vec<(u32, u32, u64, u32)> = conn.query(sql).await?;
+        let rows: Vec<(u32, u32, String, u32)> = conn.query(sql).await?;
         let mut rows: Vec<Stored> = rows
             .into_iter()
-            .map(|(lane, lanes, lsn, ordinal)| Stored {
-                lane,
-                lanes,
-                position: Position {
-                    lsn: Lsn(lsn),
-                    ordinal,
-                },
+            .map(|(lane, lanes, lsn, ordinal)| {
+                // DECIMAL(39,0) holds any 128-bit position; a value that is not one was not
+                // written by Zipline.
+                let lsn = lsn.parse::<u128>().map_err(|_| {
+                    mysql_async::Error::Other(
+                        format!(
+                            "{TABLE} holds a position that is not an unsigned integer: {lsn:?}"
+                        )
+                        .into(),
+                    )
+                })?;
+                Ok(Stored {
+                    lane,
+                    lanes,
+                    position: Position {
+                        lsn: Lsn(lsn),
+                        ordinal,
+                    },
+                })
             })
-            .collect();
+            .collect::<Result<_, mysql_async::Error>>()?;
         if let Some(start) = restart_position(&rows, key.lanes) {
             let mut old_counts: Vec<u32> = rows.iter().map(|r| r.lanes).collect();
             old_counts.sort_unstable();
@@ -205,7 +217,7 @@ mod tests {
 
     fn pos(lsn: u64, ordinal: u32) -> Position {
         Position {
-            lsn: Lsn(lsn),
+            lsn: Lsn::from(lsn),
             ordinal,
         }
     }

@@ -160,7 +160,7 @@ mod tests {
 
     fn ack(entries: &[(u64, u32)]) -> Ack {
         Ack {
-            entries: entries.iter().map(|&(l, n)| (Lsn(l), n)).collect(),
+            entries: entries.iter().map(|&(l, n)| (Lsn::from(l), n)).collect(),
         }
     }
 

@@ -411,9 +411,9 @@ impl ReplicationStream {
     ) -> Result<(), ConnError> {
         let mut body = BytesMut::with_capacity(34);
         body.put_u8(b'r');
-        body.put_u64(written.0);
-        body.put_u64(flushed.0);
-        body.put_u64(flushed.0);
+        body.put_u64(written.as_pg());
+        body.put_u64(flushed.as_pg());
+        body.put_u64(flushed.as_pg());
         body.put_i64(now_pg_micros());
         body.put_u8(u8::from(reply));
         frontend::CopyData::new(body.freeze())?.write(&mut self.conn.wbuf);
@@ -440,7 +440,7 @@ fn parse_copy_data(mut data: Bytes) -> Result<ReplMessage, ConnError> {
                 return Err(short());
             }
             let _wal_start = data.get_u64();
-            let wal_end = Lsn(data.get_u64());
+            let wal_end = Lsn::from(data.get_u64());
             let _send_time = data.get_i64();
             Ok(ReplMessage::XLogData { wal_end, data })
         }
@@ -448,7 +448,7 @@ fn parse_copy_data(mut data: Bytes) -> Result<ReplMessage, ConnError> {
             if data.len() < 17 {
                 return Err(short());
             }
-            let wal_end = Lsn(data.get_u64());
+            let wal_end = Lsn::from(data.get_u64());
             let _send_time = data.get_i64();
             Ok(ReplMessage::Keepalive {
                 wal_end,

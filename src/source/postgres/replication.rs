@@ -286,7 +286,9 @@ async fn report(
     }
     st.reported = frontier;
     st.last_report = Instant::now();
-    st.stats.confirmed.store(frontier.0, Ordering::Relaxed);
+    st.stats
+        .confirmed
+        .store(frontier.as_pg(), Ordering::Relaxed);
     Ok(())
 }
 

@@ -134,7 +134,7 @@ impl Reader {
     }
 
     pub(super) fn lsn(&mut self, field: &'static str) -> Result<Lsn, DecodeError> {
-        Ok(Lsn(u64::from_be_bytes(self.array(field)?)))
+        Ok(Lsn::from(u64::from_be_bytes(self.array(field)?)))
     }
 
     /// A non-negative Int16 or Int32 count or length.
