@@ -15,9 +15,8 @@ use crate::config::{self, ConnectorKind};
 use crate::lane::{self, LaneConfig, LaneError, LaneStats, Router};
 use crate::sink::mysql::{MysqlConnector, MysqlSinkOptions};
 use crate::sink::{SinkConnector, SinkError};
-use crate::source::postgres::{
-    Outputs, PostgresSource, PostgresSourceOptions, SourceError, SourceStats, StopMode,
-};
+use crate::source::postgres::{PostgresSource, PostgresSourceOptions};
+use crate::source::{Outputs, Source, SourceError, SourceStats, StopMode};
 
 /// Why a pipeline stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -75,10 +74,8 @@ pub async fn run(
             });
         }
     };
-    let source_opts = source_options(&pipeline, &route.from)?;
-    let source_name = source_opts.connector.clone();
     let source_err = |error| PipelineError::Source {
-        connector: source_name.clone(),
+        connector: route.from.clone(),
         error,
     };
     let sinks: Vec<SinkPlan> = route
@@ -88,9 +85,7 @@ pub async fn run(
         .collect::<Result<_, _>>()?;
 
     // Preflight: nothing is created until every check has passed.
-    let source = PostgresSource::preflight(source_opts)
-        .await
-        .map_err(&source_err)?;
+    let mut source = preflight_source(&pipeline, &route.from).await?;
     for sink in &sinks {
         sink.connector
             .check_tables(source.tables())
@@ -100,10 +95,7 @@ pub async fn run(
                 error,
             })?;
     }
-    source
-        .ensure_publication_and_slot()
-        .await
-        .map_err(&source_err)?;
+    source.prepare().await.map_err(&source_err)?;
 
     // Lanes.
     let (ack_tx, ack_rx) = mpsc::unbounded_channel();
@@ -212,28 +204,37 @@ fn lane_failure(
     }
 }
 
-fn source_options(
+/// Build the route's source and run its read-only preflight.
+async fn preflight_source(
     pipeline: &config::Pipeline,
     name: &str,
-) -> Result<PostgresSourceOptions, PipelineError> {
+) -> Result<Box<dyn Source>, PipelineError> {
+    let source_err = |error| PipelineError::Source {
+        connector: name.to_owned(),
+        error,
+    };
     match pipeline.connector(name).map(|c| &c.kind) {
-        Some(ConnectorKind::PostgresSource(pg)) => Ok(PostgresSourceOptions {
-            connector: name.to_owned(),
-            host: pg.host.clone(),
-            port: pg.port,
-            database: pg.database.clone(),
-            user: pg.user.clone(),
-            password: pg.password.as_ref().map(|s| s.expose().to_owned()),
-            publication: pg.publication.clone(),
-            slot_name: pg.slot_name.clone(),
-            tables: pg.tables.clone(),
-            connect_timeout: pg.connect_timeout,
-            connect_retries: pg.connect_retries,
-            status_interval: pg.status_interval,
-        }),
+        Some(ConnectorKind::PostgresSource(pg)) => {
+            let opts = PostgresSourceOptions {
+                connector: name.to_owned(),
+                host: pg.host.clone(),
+                port: pg.port,
+                database: pg.database.clone(),
+                user: pg.user.clone(),
+                password: pg.password.as_ref().map(|s| s.expose().to_owned()),
+                publication: pg.publication.clone(),
+                slot_name: pg.slot_name.clone(),
+                tables: pg.tables.clone(),
+                connect_timeout: pg.connect_timeout,
+                connect_retries: pg.connect_retries,
+                status_interval: pg.status_interval,
+            };
+            let source = PostgresSource::preflight(opts).await.map_err(source_err)?;
+            Ok(Box::new(source))
+        }
         _ => Err(PipelineError::Invalid {
             pipeline: pipeline.name.clone(),
-            message: format!("route source {name} is not a source/postgres connector"),
+            message: format!("route source {name} is not a source connector"),
         }),
     }
 }

@@ -1,2 +1,112 @@
-//! Sources of changes.
+//! Sources of changes, and the contract every source keeps.
+//!
+//! A source emits changes in commit order, each stamped with a deterministic [`Position`]
+//! (the same change replayed after a restart carries the same position), and hands them to
+//! the lane routers in [`Outputs`]. It may tell its upstream that a position is consumed only
+//! when the [`AckTracker`](crate::lane::AckTracker) says it is durable in every sink.
+//!
+//! [`Position`]: crate::change::Position
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU64};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::change::Table;
+use crate::error::{Classify, ErrorClass};
+use crate::lane::{Ack, Router};
+use crate::sink::BoxFuture;
+
 pub mod postgres;
+
+/// An error from the source, classified by what the runtime does next.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct SourceError {
+    /// Transient errors are retried with backoff; others stop the pipeline.
+    pub class: ErrorClass,
+    /// What went wrong and what to do; never contains a secret.
+    pub message: String,
+}
+
+impl SourceError {
+    pub fn transient(message: impl Into<String>) -> Self {
+        SourceError {
+            class: ErrorClass::Transient,
+            message: message.into(),
+        }
+    }
+    pub fn fatal(message: impl Into<String>) -> Self {
+        SourceError {
+            class: ErrorClass::Fatal,
+            message: message.into(),
+        }
+    }
+    pub fn definite(message: impl Into<String>) -> Self {
+        SourceError {
+            class: ErrorClass::Definite,
+            message: message.into(),
+        }
+    }
+}
+
+impl Classify for SourceError {
+    fn class(&self) -> ErrorClass {
+        self.class
+    }
+}
+
+/// How the pipeline asks the source to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// Keep streaming.
+    Run,
+    /// Stop reading, let the lanes commit what they hold, confirm the frontier, return.
+    Drain,
+    /// Return now (a lane failed); confirm only what is already durable.
+    Abort,
+}
+
+/// Where the source sends changes, and where acks come back.
+#[derive(Debug)]
+pub struct Outputs {
+    /// One router per sink; every change goes to each.
+    pub routers: Vec<Router>,
+    /// Acks from every lane of every sink. Closes when all lanes have finished.
+    pub acks: mpsc::UnboundedReceiver<Ack>,
+}
+
+/// Counters for the progress report.
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    /// Changes received from the slot.
+    pub received: AtomicU64,
+    /// The durable frontier last confirmed upstream.
+    pub confirmed: AtomicU64,
+    /// Microseconds between the commit of the oldest not-yet-durable transaction and now
+    /// (0 when caught up).
+    pub lag_micros: AtomicI64,
+}
+
+/// A configured source, after a read-only preflight (reachable, permitted, tables known).
+///
+/// Contract: `prepare` may create what the source owns upstream (a publication and a slot)
+/// and is called only after every sink accepted [`Source::tables`]. `run` streams into
+/// `outputs` until `stop` asks it to, and acknowledges upstream only the durable frontier;
+/// with [`StopMode::Drain`] it stops reading, closes the lane queues by dropping the routers,
+/// waits for the lanes' last acks and confirms them before returning `Ok`.
+pub trait Source: Send {
+    /// The connector's name from the pipeline file.
+    fn name(&self) -> &str;
+    /// The tables this source streams, as preflight found them.
+    fn tables(&self) -> &[Arc<Table>];
+    /// Create what the source owns upstream, when absent.
+    fn prepare(&mut self) -> BoxFuture<'_, Result<(), SourceError>>;
+    /// Stream until stopped or a non-retryable error.
+    fn run(
+        self: Box<Self>,
+        outputs: Outputs,
+        stop: watch::Receiver<StopMode>,
+        stats: Arc<SourceStats>,
+    ) -> BoxFuture<'static, Result<(), SourceError>>;
+}

@@ -14,47 +14,9 @@ pub(crate) mod types;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use replication::{Outputs, SourceStats, StopMode};
-
 use crate::change::Table;
-use crate::error::{Classify, ErrorClass};
-
-/// An error from the source, classified by what the runtime does next.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct SourceError {
-    /// Transient errors are retried with backoff; others stop the pipeline.
-    pub class: ErrorClass,
-    /// What went wrong and what to do; never contains a secret.
-    pub message: String,
-}
-
-impl SourceError {
-    pub(crate) fn transient(message: impl Into<String>) -> Self {
-        SourceError {
-            class: ErrorClass::Transient,
-            message: message.into(),
-        }
-    }
-    pub(crate) fn fatal(message: impl Into<String>) -> Self {
-        SourceError {
-            class: ErrorClass::Fatal,
-            message: message.into(),
-        }
-    }
-    pub(crate) fn definite(message: impl Into<String>) -> Self {
-        SourceError {
-            class: ErrorClass::Definite,
-            message: message.into(),
-        }
-    }
-}
-
-impl Classify for SourceError {
-    fn class(&self) -> ErrorClass {
-        self.class
-    }
-}
+use crate::sink::BoxFuture;
+use crate::source::{Outputs, Source, SourceError, SourceStats, StopMode};
 
 /// What the source needs to know; built from the pipeline file.
 #[derive(Clone)]
@@ -179,16 +141,31 @@ impl PostgresSource {
         }
         Ok(())
     }
+}
 
-    /// Stream changes into `outputs` until `stop` says so or a non-retryable error.
-    pub async fn run(
-        self,
+impl Source for PostgresSource {
+    fn name(&self) -> &str {
+        &self.opts.connector
+    }
+
+    fn tables(&self) -> &[Arc<Table>] {
+        &self.tables
+    }
+
+    fn prepare(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {
+        Box::pin(self.ensure_publication_and_slot())
+    }
+
+    fn run(
+        self: Box<Self>,
         outputs: Outputs,
         stop: tokio::sync::watch::Receiver<StopMode>,
         stats: Arc<SourceStats>,
-    ) -> Result<(), SourceError> {
-        let params = Self::connect_params(&self.opts);
-        replication::run(&self.opts, params, outputs, stop, stats).await
+    ) -> BoxFuture<'static, Result<(), SourceError>> {
+        Box::pin(async move {
+            let params = Self::connect_params(&self.opts);
+            replication::run(&self.opts, params, outputs, stop, stats).await
+        })
     }
 }
 

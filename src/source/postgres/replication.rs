@@ -16,52 +16,21 @@
 //! `wal_sender_timeout` (<https://www.postgresql.org/docs/15/runtime-config-replication.html>).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::conn::{
     ConnError, ConnectParams, ReplMessage, ReplicationConn, ReplicationStream, now_pg_micros,
 };
 use super::pgoutput::{self, PgOutput, Relations};
-use super::{PostgresSourceOptions, SourceError, quote_ident, quote_literal};
+use super::{PostgresSourceOptions, quote_ident, quote_literal};
 use crate::change::{Change, Lsn, Position};
 use crate::error::{Classify, ErrorClass};
-use crate::lane::{Ack, AckTracker, Router, plan};
-
-/// How the pipeline asks the source to stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopMode {
-    /// Keep streaming.
-    Run,
-    /// Stop reading, let the lanes commit what they hold, confirm the frontier, return.
-    Drain,
-    /// Return now (a lane failed); confirm only what is already durable.
-    Abort,
-}
-
-/// Where the source sends changes, and where acks come back.
-#[derive(Debug)]
-pub struct Outputs {
-    /// One router per sink; every change goes to each.
-    pub routers: Vec<Router>,
-    /// Acks from every lane of every sink. Closes when all lanes have finished.
-    pub acks: mpsc::UnboundedReceiver<Ack>,
-}
-
-/// Counters for the progress report.
-#[derive(Debug, Default)]
-pub struct SourceStats {
-    /// Changes received from the slot.
-    pub received: AtomicU64,
-    /// The durable frontier last confirmed upstream.
-    pub confirmed: AtomicU64,
-    /// Microseconds between the commit of the oldest not-yet-durable transaction and now
-    /// (0 when caught up).
-    pub lag_micros: AtomicI64,
-}
+use crate::lane::{AckTracker, plan};
+use crate::source::{Outputs, SourceError, SourceStats, StopMode};
 
 /// Reconnect attempts in a row before a lost stream becomes fatal (≈5 minutes of backoff).
 const MAX_RECONNECTS: u32 = 60;
