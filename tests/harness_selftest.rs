@@ -50,19 +50,15 @@ async fn postgres_has_logical_wal_and_pgoutput_slots() {
 fn postgres_start_with_overrides_defaults() {
     let pg = Postgres::start_with(&[("wal_level", "replica")]);
     assert_eq!(pg.psql("postgres", "SHOW wal_level"), "replica");
-    let err = std::panic::catch_unwind(|| {
-        pg.psql(
+    let err = pg
+        .try_psql(
             "postgres",
             "SELECT pg_create_logical_replication_slot('zipline_test_x', 'pgoutput')",
         )
-    })
-    .expect_err("a logical slot needs wal_level=logical");
-    let msg = err
-        .downcast_ref::<String>()
-        .expect("psql panics with a String");
+        .expect_err("a logical slot needs wal_level=logical");
     assert!(
-        msg.contains("wal_level"),
-        "psql error names wal_level: {msg}"
+        err.contains("wal_level"),
+        "psql error names wal_level: {err}"
     );
 }
 
@@ -138,6 +134,13 @@ async fn mariadb_kill_and_restart_keeps_committed_row() {
 
     let mut db = MariaDb::start();
     assert_eq!(db.sql("", "SELECT @@character_set_server"), "utf8mb4");
+    let err = db
+        .try_sql("", "SELECT * FROM no_such_db.t")
+        .expect_err("an unknown database is an error");
+    assert!(
+        err.contains("no_such_db"),
+        "error names the database: {err}"
+    );
     db.create_database("selftest");
     db.sql(
         "selftest",
