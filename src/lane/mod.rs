@@ -10,6 +10,6 @@ mod router;
 mod tracker;
 mod worker;
 
-pub use router::{Router, lane_of, plan};
+pub use router::{Router, is_toast_move, lane_of, needs_barrier, plan};
 pub use tracker::{Ack, AckTracker};
 pub use worker::{LaneConfig, LaneError, LaneStats, backoff as backoff_for, run_lane};

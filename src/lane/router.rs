@@ -90,6 +90,30 @@ impl Router {
     }
 }
 
+/// An update that moved its row to a new key without sending some TOASTed columns (they were
+/// not touched): the values exist only in the sink's row at the old key, so the sink must move
+/// that row rather than delete it and insert a new one. Such a change travels whole to the new
+/// key's lane, alone in its batch, and the source makes it a barrier when the old key's lane
+/// differs (see [`needs_barrier`]).
+pub fn is_toast_move(change: &Change) -> bool {
+    change.old_key.is_some() && change.values.contains(&Value::Unchanged)
+}
+
+/// True when the change must be ordered against every lane: a truncate, or a TOAST move whose
+/// old and new keys live on different lanes.
+pub fn needs_barrier(change: &Change, lanes: u32) -> bool {
+    if change.op == crate::change::Op::Truncate {
+        return true;
+    }
+    match &change.old_key {
+        Some(old) if is_toast_move(change) => {
+            lane_of(&change.table.schema, &change.table.name, old, lanes)
+                != lane_of(&change.table.schema, &change.table.name, &change.key, lanes)
+        }
+        _ => false,
+    }
+}
+
 /// Where a change goes: `(lane, change)` pairs, in dispatch order.
 ///
 /// An update that moves a row to a new key whose lane differs from the old key's must reach
@@ -102,6 +126,10 @@ pub fn plan(change: Change, lanes: u32) -> Vec<(u32, Change)> {
     let Some(old) = &change.old_key else {
         return vec![(lane, change)];
     };
+    if is_toast_move(&change) {
+        // Travels whole: only the sink's stored row holds the untouched values.
+        return vec![(lane, change)];
+    }
     let old_lane = lane_of(&change.table.schema, &change.table.name, old, lanes);
     if old_lane == lane {
         return vec![(lane, change)];

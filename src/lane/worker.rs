@@ -80,6 +80,15 @@ pub async fn run_lane(
                 if sink.checkpoint().is_some_and(|cp| change.position <= cp) {
                     stats.skipped.fetch_add(1, Ordering::Relaxed);
                     ack.add(change.position.lsn, 1);
+                } else if crate::lane::is_toast_move(&change) {
+                    // Alone in its batch: the sink moves the stored row (see is_toast_move).
+                    commit(&mut *sink, lane, &mut batch, &mut ack, &cfg, &stats)
+                        .await
+                        .map_err(&fail)?;
+                    batch.push(change);
+                    commit(&mut *sink, lane, &mut batch, &mut ack, &cfg, &stats)
+                        .await
+                        .map_err(&fail)?;
                 } else if change.op == Op::Truncate {
                     // A truncate is applied on its own, after everything before it in this
                     // lane; the source makes it a barrier across lanes.

@@ -35,9 +35,10 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 use self::errors::sink_error;
+use self::literal::{push_ident, push_value};
 use self::plan::{Plan, StmtInfo};
 use super::{Batch, BoxFuture, LaneSink, SinkConnector, SinkError};
-use crate::change::{Position, Table};
+use crate::change::{Change, Position, Table, Value};
 use crate::checkpoint::{self, LaneKey};
 use crate::error::ErrorClass;
 
@@ -279,7 +280,12 @@ impl fmt::Debug for MysqlLane {
 
 impl MysqlLane {
     /// Writes `plan` and the checkpoint in one transaction.
-    async fn write(&mut self, mut plan: Plan<'_>, position: Position) -> Result<(), SinkError> {
+    async fn write(
+        &mut self,
+        mut plan: Plan<'_>,
+        prelude: Option<&str>,
+        position: Position,
+    ) -> Result<(), SinkError> {
         if self.in_tx {
             // A cancelled call left a transaction open; closing the connection rolls it back.
             self.drop_conn().await;
@@ -287,7 +293,7 @@ impl MysqlLane {
         if self.conn.is_none() {
             self.conn = Some(self.shared.connect().await?);
         }
-        let result = self.run(&mut plan, position).await;
+        let result = self.run(&mut plan, prelude, position).await;
         if let Err((err, broken)) = &result {
             if *broken {
                 self.drop_conn().await;
@@ -305,6 +311,7 @@ impl MysqlLane {
     async fn run(
         &mut self,
         plan: &mut Plan<'_>,
+        prelude: Option<&str>,
         position: Position,
     ) -> Result<(), (SinkError, bool)> {
         let Self {
@@ -320,6 +327,15 @@ impl MysqlLane {
         let sink = shared.sink();
         buf.clear();
         buf.push_str("START TRANSACTION;");
+        if let Some(prelude) = prelude {
+            buf.push_str(prelude);
+            *in_tx = true;
+            if let Err(e) = conn.query_drop(buf.as_str()).await {
+                let err = sink_error(sink, "moving a row to its new key", &e);
+                return Err((err, errors::connection_lost(&e)));
+            }
+            buf.clear();
+        }
         loop {
             let info: StmtInfo = match plan.next_statement(buf) {
                 Ok(Some(info)) => info,
@@ -385,8 +401,26 @@ impl LaneSink for MysqlLane {
     fn apply<'a>(&'a mut self, batch: &'a Batch) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let shared = Arc::clone(&self.shared);
+            if let [change] = batch.changes.as_slice()
+                && let Some(old_key) = &change.old_key
+                && change.values.contains(&Value::Unchanged)
+            {
+                // The lane worker isolates such a change in its own batch (see
+                // `crate::lane::is_toast_move`); the row moves in place so the TOASTed values
+                // the update did not send stay with it.
+                let prelude = move_sql(&shared.options.database, change, old_key)
+                    .map_err(|m| SinkError::definite(format!("sink {}: {m}", shared.sink())))?;
+                let upsert = [Arc::new(Change {
+                    old_key: None,
+                    ..Change::clone(change)
+                })];
+                let plan = Plan::build(&upsert, &shared.options.database, shared.sink())?;
+                return self
+                    .write(plan, Some(&prelude), batch.last_position())
+                    .await;
+            }
             let plan = Plan::build(&batch.changes, &shared.options.database, shared.sink())?;
-            self.write(plan, batch.last_position()).await
+            self.write(plan, None, batch.last_position()).await
         })
     }
 
@@ -398,7 +432,7 @@ impl LaneSink for MysqlLane {
         Box::pin(async move {
             let shared = Arc::clone(&self.shared);
             let plan = Plan::delete_all(table, &shared.options.database, shared.sink());
-            self.write(plan, position).await
+            self.write(plan, None, position).await
         })
     }
 
@@ -411,9 +445,80 @@ impl LaneSink for MysqlLane {
     }
 }
 
+/// `UPDATE` that moves the row at `old_key` to the change's key and sets the columns the
+/// change carries, leaving unchanged (TOASTed) columns as stored. A following upsert of the
+/// known columns covers a sink that never had the old row.
+fn move_sql(database: &str, change: &Change, old_key: &[Value]) -> Result<String, String> {
+    let table = &change.table;
+    let mut sql = String::from("UPDATE ");
+    push_ident(&mut sql, database);
+    sql.push('.');
+    push_ident(&mut sql, &table.name);
+    sql.push_str(" SET ");
+    let mut first = true;
+    for (column, value) in table.columns.iter().zip(&change.values) {
+        if matches!(value, Value::Unchanged) {
+            continue;
+        }
+        if !first {
+            sql.push(',');
+        }
+        first = false;
+        push_ident(&mut sql, &column.name);
+        sql.push('=');
+        push_value(&mut sql, value).map_err(|e| {
+            format!(
+                "table {}, column {}: {e}",
+                table.qualified_name(),
+                column.name
+            )
+        })?;
+    }
+    sql.push_str(" WHERE ");
+    for (n, (&index, value)) in table.key.iter().zip(old_key).enumerate() {
+        if n > 0 {
+            sql.push_str(" AND ");
+        }
+        push_ident(&mut sql, &table.columns[index].name);
+        sql.push('=');
+        push_value(&mut sql, value)
+            .map_err(|e| format!("table {}, key column: {e}", table.qualified_name()))?;
+    }
+    Ok(sql)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_toast_move_updates_the_key_in_place() {
+        use crate::change::{Column, Op};
+        let col = |name: &str, is_key| Column {
+            name: name.into(),
+            type_oid: 25,
+            type_modifier: -1,
+            is_key,
+        };
+        let table = Arc::new(Table::new(
+            "public".into(),
+            "orders".into(),
+            vec![col("id", true), col("status", false), col("note", false)],
+        ));
+        let change = Change {
+            position: Position::default(),
+            op: Op::Update,
+            table,
+            key: vec![Value::Int8(2)],
+            old_key: Some(vec![Value::Int8(1)]),
+            values: vec![Value::Int8(2), Value::Text("it's".into()), Value::Unchanged],
+        };
+        let sql = move_sql("shop", &change, &[Value::Int8(1)]).unwrap();
+        assert_eq!(
+            sql,
+            "UPDATE `shop`.`orders` SET `id`=2,`status`='it''s' WHERE `id`=1"
+        );
+    }
 
     #[test]
     fn debug_output_redacts_the_password() {

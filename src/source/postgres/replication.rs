@@ -29,7 +29,7 @@ use super::pgoutput::{self, PgOutput, Relations};
 use super::{PostgresSourceOptions, quote_ident, quote_literal};
 use crate::change::{Change, Lsn, Position};
 use crate::error::{Classify, ErrorClass};
-use crate::lane::{AckTracker, plan};
+use crate::lane::{AckTracker, lane_of, needs_barrier, plan};
 use crate::source::{Outputs, SourceError, SourceStats, StopMode};
 
 /// Reconnect attempts in a row before a lost stream becomes fatal (≈5 minutes of backoff).
@@ -325,6 +325,14 @@ async fn on_pgoutput(
                 .build_change(msg, position)
                 .map_err(|e| change_error(st, &e))?;
             st.stats.received.fetch_add(1, Ordering::Relaxed);
+            let barrier = st
+                .outputs
+                .routers
+                .iter()
+                .any(|r| needs_barrier(&change, r.lanes()));
+            if barrier {
+                return barrier_send(st, stream, change).await;
+            }
             return dispatch(st, stream, change).await;
         }
         PgOutput::Truncate { rel_ids, .. } => {
@@ -335,7 +343,7 @@ async fn on_pgoutput(
                     .build_truncate(rel_id, position)
                     .map_err(|e| change_error(st, &e))?;
                 st.stats.received.fetch_add(1, Ordering::Relaxed);
-                if let Flow::Stopped = truncate_barrier(st, stream, change).await? {
+                if let Flow::Stopped = barrier_send(st, stream, change).await? {
                     return Ok(Flow::Stopped);
                 }
             }
@@ -427,9 +435,11 @@ async fn send(
     Ok(Flow::Continue)
 }
 
-/// A truncate must land after every earlier change of every lane and before every later one:
-/// wait until nothing is in flight, send it to lane 0 of each sink, and wait again.
-async fn truncate_barrier(
+/// A change that touches more than one lane's keys (a truncate; a TOAST move across lanes)
+/// must land after every earlier change of every lane and before every later one: wait until
+/// nothing is in flight, send it to one lane of each sink (lane 0 for a truncate, the new
+/// key's lane for a move), and wait again.
+async fn barrier_send(
     st: &mut State<'_>,
     stream: &mut ReplicationStream,
     change: Change,
@@ -438,7 +448,13 @@ async fn truncate_barrier(
         return Ok(Flow::Stopped);
     }
     for i in 0..st.outputs.routers.len() {
-        if let Flow::Stopped = send(st, stream, i, 0, change.clone()).await? {
+        let lanes = st.outputs.routers[i].lanes();
+        let lane = if change.op == crate::change::Op::Truncate {
+            0
+        } else {
+            lane_of(&change.table.schema, &change.table.name, &change.key, lanes)
+        };
+        if let Flow::Stopped = send(st, stream, i, lane, change.clone()).await? {
             return Ok(Flow::Stopped);
         }
     }
