@@ -56,19 +56,39 @@ impl FromStr for Lsn {
 /// Where a change sits in the source's commit order.
 ///
 /// Ordered by the commit LSN of the change's transaction, then by the change's ordinal inside
-/// that transaction (starting at 1). Ordinal 0 is never given to a change, so
-/// `Position { lsn, ordinal: 0 }` sorts before every change of that transaction.
+/// that transaction (starting at 1), then by `sub`, which tells apart several changes made
+/// from one source change (a transform's fan-out; 0 otherwise). Ordinal 0 is never given to a
+/// change, so `Position { lsn, ordinal: 0, sub: 0 }` sorts before every change of that
+/// transaction. Every change a lane sees has a distinct position, which is what lets a lane
+/// skip exactly what its checkpoint covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Position {
     /// Commit LSN of the transaction (pgoutput Begin's `final_lsn`).
     pub lsn: Lsn,
     /// 1-based index of the change inside its transaction.
     pub ordinal: u32,
+    /// Index among the changes derived from one source change (0 for the first or only one).
+    pub sub: u32,
+}
+
+impl Position {
+    /// The position of source change `ordinal` of the transaction committed at `lsn`.
+    pub fn new(lsn: Lsn, ordinal: u32) -> Self {
+        Position {
+            lsn,
+            ordinal,
+            sub: 0,
+        }
+    }
 }
 
 impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}#{}", self.lsn, self.ordinal)
+        write!(f, "{}#{}", self.lsn, self.ordinal)?;
+        if self.sub > 0 {
+            write!(f, ".{}", self.sub)?;
+        }
+        Ok(())
     }
 }
 
@@ -246,12 +266,12 @@ mod tests {
 
     #[test]
     fn positions_order_by_commit_then_ordinal() {
-        let p = |lsn, ordinal| Position {
-            lsn: Lsn(lsn),
-            ordinal,
-        };
+        let p = |lsn, ordinal| Position::new(Lsn(lsn), ordinal);
         assert!(p(1, 9) < p(2, 1));
         assert!(p(2, 1) < p(2, 2));
         assert!(p(2, 0) < p(2, 1));
+        let fanned = Position { sub: 1, ..p(2, 1) };
+        assert!(p(2, 1) < fanned && fanned < p(2, 2));
+        assert_eq!(fanned.to_string(), "0/2#1.1");
     }
 }

@@ -68,10 +68,7 @@ const ORDERS_DDL: &str = "CREATE TABLE orders (id INT PRIMARY KEY, note TEXT NUL
     paid_at TIMESTAMP(6) NULL, due DATE NULL, ref CHAR(36) NULL, `blob` BLOB NULL)";
 
 fn pos(lsn: u64, ordinal: u32) -> Position {
-    Position {
-        lsn: Lsn::from(lsn),
-        ordinal,
-    }
+    Position::new(Lsn::from(lsn), ordinal)
 }
 
 fn order_row(id: i32, note: &str, qty: i64) -> Vec<Value> {

@@ -74,7 +74,7 @@ pub(crate) mod mysql {
         sql.push_str(
             " (pipeline VARCHAR(128) NOT NULL, connector VARCHAR(128) NOT NULL, \
              lane INT NOT NULL, lanes INT NOT NULL, lsn DECIMAL(39,0) NOT NULL, \
-             ordinal INT UNSIGNED NOT NULL, \
+             ordinal INT UNSIGNED NOT NULL, sub INT UNSIGNED NOT NULL, \
              updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
              PRIMARY KEY (pipeline, connector, lane)) \
              ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
@@ -116,7 +116,7 @@ pub(crate) mod mysql {
         use std::fmt::Write as _;
         buf.push_str("INSERT INTO ");
         push_table(buf, database);
-        buf.push_str(" (pipeline,connector,lane,lanes,lsn,ordinal,updated_at) VALUES ");
+        buf.push_str(" (pipeline,connector,lane,lanes,lsn,ordinal,sub,updated_at) VALUES ");
         for (n, lane) in lanes.iter().enumerate() {
             if n > 0 {
                 buf.push(',');
@@ -127,13 +127,13 @@ pub(crate) mod mysql {
             push_str(buf, key.connector);
             let _ = write!(
                 buf,
-                ",{lane},{},{},{},CURRENT_TIMESTAMP(6))",
-                key.lanes, position.lsn.0, position.ordinal
+                ",{lane},{},{},{},{},CURRENT_TIMESTAMP(6))",
+                key.lanes, position.lsn.0, position.ordinal, position.sub
             );
         }
         buf.push_str(
             " ON DUPLICATE KEY UPDATE lanes=VALUES(lanes),lsn=VALUES(lsn),\
-             ordinal=VALUES(ordinal),updated_at=VALUES(updated_at)",
+             ordinal=VALUES(ordinal),sub=VALUES(sub),updated_at=VALUES(updated_at)",
         );
     }
 
@@ -146,15 +146,15 @@ pub(crate) mod mysql {
         database: &str,
         key: &LaneKey<'_>,
     ) -> Result<Option<Position>, mysql_async::Error> {
-        let mut sql = String::from("SELECT lane, lanes, CAST(lsn AS CHAR), ordinal FROM ");
+        let mut sql = String::from("SELECT lane, lanes, CAST(lsn AS CHAR), ordinal, sub FROM ");
         push_table(&mut sql, database);
         push_owner_filter(&mut sql, key);
         sql.push_str(" FOR UPDATE");
         conn.query_drop("START TRANSACTION").await?;
-        let rows: Vec<(u32, u32, String, u32)> = conn.query(sql).await?;
+        let rows: Vec<(u32, u32, String, u32, u32)> = conn.query(sql).await?;
         let mut rows: Vec<Stored> = rows
             .into_iter()
-            .map(|(lane, lanes, lsn, ordinal)| {
+            .map(|(lane, lanes, lsn, ordinal, sub)| {
                 // DECIMAL(39,0) holds any 128-bit position; a value that is not one was not
                 // written by Zipline.
                 let lsn = lsn.parse::<u128>().map_err(|_| {
@@ -169,8 +169,8 @@ pub(crate) mod mysql {
                     lane,
                     lanes,
                     position: Position {
-                        lsn: Lsn(lsn),
-                        ordinal,
+                        sub,
+                        ..Position::new(Lsn(lsn), ordinal)
                     },
                 })
             })
@@ -216,10 +216,7 @@ mod tests {
     use crate::change::Lsn;
 
     fn pos(lsn: u64, ordinal: u32) -> Position {
-        Position {
-            lsn: Lsn::from(lsn),
-            ordinal,
-        }
+        Position::new(Lsn::from(lsn), ordinal)
     }
 
     fn row(lane: u32, lanes: u32, p: Position) -> Stored {
@@ -268,9 +265,9 @@ mod tests {
         assert_eq!(
             buf,
             "INSERT INTO `shop`.`_zipline_checkpoints` \
-             (pipeline,connector,lane,lanes,lsn,ordinal,updated_at) VALUES \
-             ('p''1','out',2,4,97500059720,7,CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE \
-             lanes=VALUES(lanes),lsn=VALUES(lsn),ordinal=VALUES(ordinal),\
+             (pipeline,connector,lane,lanes,lsn,ordinal,sub,updated_at) VALUES \
+             ('p''1','out',2,4,97500059720,7,0,CURRENT_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE \
+             lanes=VALUES(lanes),lsn=VALUES(lsn),ordinal=VALUES(ordinal),sub=VALUES(sub),\
              updated_at=VALUES(updated_at)"
         );
         assert!(mysql::create_table_sql("we`ird").starts_with(

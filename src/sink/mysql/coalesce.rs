@@ -365,10 +365,7 @@ pub(super) mod fixtures {
         ) -> &mut Self {
             let n = self.list.len() as u32 + 1;
             self.list.push(Arc::new(Change {
-                position: Position {
-                    lsn: Lsn(100),
-                    ordinal: n,
-                },
+                position: Position::new(Lsn(100), n),
                 op,
                 table: Arc::clone(t),
                 key,

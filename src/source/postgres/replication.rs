@@ -376,10 +376,7 @@ fn next_position(st: &mut State<'_>) -> Result<Position, SourceError> {
         ))
     })?;
     tx.ordinal += 1;
-    Ok(Position {
-        lsn: tx.lsn,
-        ordinal: tx.ordinal,
-    })
+    Ok(Position::new(tx.lsn, tx.ordinal))
 }
 
 /// Hand one change to every sink's lane for its key, waiting for queue space while still

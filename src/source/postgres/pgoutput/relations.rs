@@ -298,10 +298,7 @@ mod tests {
     }
 
     fn pos(ordinal: u32) -> Position {
-        Position {
-            lsn: Lsn(100),
-            ordinal,
-        }
+        Position::new(Lsn(100), ordinal)
     }
 
     fn t(s: &str) -> Value {
