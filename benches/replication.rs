@@ -151,7 +151,9 @@ const MYSQL_TABLE: &str = "CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCH
 /// The raw loader: per-lane batches, coalesced per key, DELETE … IN then multi-row upsert.
 async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
     let mut conn = mysql_async::Conn::from_url(url).await.expect("raw connect");
-    conn.query_drop("SET SESSION time_zone='+00:00'").await.unwrap();
+    conn.query_drop("SET SESSION time_zone='+00:00'")
+        .await
+        .unwrap();
     conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         .await
         .unwrap();
@@ -231,10 +233,24 @@ fn tree_cpu(root: u32) -> f64 {
     let mut parent_of = Vec::new();
     let mut ticks_of = HashMap::new();
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-        let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-        let num = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        let num = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
         parent_of.push((pid, num(1) as u32));
         // utime, stime, and the reaped children's cutime, cstime.
         ticks_of.insert(pid, num(11) + num(12) + num(13) + num(14));
@@ -263,7 +279,11 @@ fn cpu_now(pg: &common::Postgres, my: &common::MariaDb) -> Cpu {
 
 fn cpu_since(before: &Cpu, pg: &common::Postgres, my: &common::MariaDb) -> String {
     let now = cpu_now(pg, my);
-    format!("PostgreSQL {:.2}s, MariaDB {:.2}s", now.pg - before.pg, now.my - before.my)
+    format!(
+        "PostgreSQL {:.2}s, MariaDB {:.2}s",
+        now.pg - before.pg,
+        now.my - before.my
+    )
 }
 
 #[tokio::main]
@@ -309,7 +329,10 @@ async fn main() {
         "SELECT count(*) FROM pg_logical_slot_peek_binary_changes('zbench', NULL, NULL, 'proto_version', '1', 'publication_names', 'zbench')",
     );
     let decode_secs = started.elapsed().as_secs_f64();
-    println!("pgoutput decode only: {decoded} messages in {decode_secs:.2}s = {:.0} changes/s", total as f64 / decode_secs);
+    println!(
+        "pgoutput decode only: {decoded} messages in {decode_secs:.2}s = {:.0} changes/s",
+        total as f64 / decode_secs
+    );
 
     // Raw baseline.
     let mut per_lane: Vec<Vec<Op>> = vec![Vec::new(); lanes];
@@ -345,7 +368,9 @@ async fn main() {
     let cpu = cpu_now(&pg, &my);
     let started = Instant::now();
     // ZIPLINE_BENCH_WRAP runs Zipline under a profiler, e.g. "perf record -g -o /tmp/zl.data --".
-    let wrap: Vec<String> = std::env::var("ZIPLINE_BENCH_WRAP").map(|w| w.split_whitespace().map(str::to_owned).collect()).unwrap_or_default();
+    let wrap: Vec<String> = std::env::var("ZIPLINE_BENCH_WRAP")
+        .map(|w| w.split_whitespace().map(str::to_owned).collect())
+        .unwrap_or_default();
     let mut command = match wrap.split_first() {
         Some((program, args)) => {
             let mut c = std::process::Command::new(program);

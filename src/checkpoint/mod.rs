@@ -74,7 +74,7 @@ pub(crate) mod mysql {
         sql.push_str(
             " (pipeline VARCHAR(128) NOT NULL, connector VARCHAR(128) NOT NULL, \
              lane INT NOT NULL, lanes INT NOT NULL, lsn DECIMAL(39,0) NOT NULL, \
-             ordinal INT UNSIGNED NOT NULL, sub INT UNSIGNED NOT NULL, \
+             ordinal INT UNSIGNED NOT NULL, sub INT UNSIGNED NOT NULL DEFAULT 0, \
              updated_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
              PRIMARY KEY (pipeline, connector, lane)) \
              ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
