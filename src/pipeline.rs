@@ -228,6 +228,7 @@ async fn preflight_source(
                 connect_timeout: pg.connect_timeout,
                 connect_retries: pg.connect_retries,
                 status_interval: pg.status_interval,
+                receive_timeout: pg.receive_timeout,
             };
             let source = PostgresSource::preflight(opts).await.map_err(source_err)?;
             Ok(Box::new(source))

@@ -37,6 +37,7 @@ const POSTGRES_FIELDS: &[&str] = &[
     "connect_timeout",
     "connect_retries",
     "status_interval",
+    "receive_timeout",
 ];
 
 const MYSQL_FIELDS: &[&str] = &[
@@ -108,6 +109,9 @@ fn postgres(f: &Fields<'_>, refs: &[SecretRef], opts: &LoadOptions) -> Result<Po
         status_interval: f
             .optional("status_interval", &duration)?
             .unwrap_or(Duration::from_secs(10)),
+        receive_timeout: f
+            .optional("receive_timeout", &duration)?
+            .unwrap_or(Duration::from_secs(60)),
     })
 }
 
@@ -359,7 +363,7 @@ routes:
         let cases: &[(&str, &str)] = &[
             (
                 "    hots: x\n",
-                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval",
+                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval, receive_timeout",
             ),
             (
                 "    port: 0\n",

@@ -107,6 +107,9 @@ pub struct PostgresSource {
     pub connect_retries: u32,
     /// Period of standby status updates (feedback) to the server. Default 10s.
     pub status_interval: Duration,
+    /// Silence from the server after which the replication connection counts as lost
+    /// (a network partition sends no reset). Default 60s.
+    pub receive_timeout: Duration,
 }
 
 /// `sink/mysql`: MySQL or MariaDB, written by parallel keyed lanes with idempotent batches.

@@ -46,6 +46,8 @@ pub struct PostgresSourceOptions {
     pub connect_retries: u32,
     /// How often to send a standby status update.
     pub status_interval: Duration,
+    /// Silence after which the stream counts as lost.
+    pub receive_timeout: Duration,
 }
 
 impl std::fmt::Debug for PostgresSourceOptions {

@@ -49,6 +49,8 @@ struct State<'a> {
     reported: Lsn,
     last_report: Instant,
     ticker: tokio::time::Interval,
+    /// When the socket last gave us a message (or we last came back to reading it).
+    last_heard: Instant,
 }
 
 struct OpenTx {
@@ -75,7 +77,8 @@ pub(crate) async fn run(
     stop: watch::Receiver<StopMode>,
     stats: Arc<SourceStats>,
 ) -> Result<(), SourceError> {
-    let mut ticker = tokio::time::interval(opts.status_interval);
+    // Ticks serve both the status interval and the receive watchdog.
+    let mut ticker = tokio::time::interval(opts.status_interval.min(opts.receive_timeout / 4));
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut st = State {
         opts,
@@ -89,6 +92,7 @@ pub(crate) async fn run(
         reported: Lsn(0),
         last_report: Instant::now(),
         ticker,
+        last_heard: Instant::now(),
     };
     let mut failures = 0u32;
     loop {
@@ -158,6 +162,7 @@ async fn session(st: &mut State<'_>, params: &ConnectParams) -> Result<(), Sourc
         .await
         .map_err(|e| conn_error(opts, e))?;
     tracing::info!(connector = %opts.connector, slot = %opts.slot_name, from = %start, "streaming");
+    st.last_heard = Instant::now();
     loop {
         let event = tokio::select! {
             biased;
@@ -174,11 +179,15 @@ async fn session(st: &mut State<'_>, params: &ConnectParams) -> Result<(), Sourc
                 Flow::Continue
             }
             Event::Tick => {
-                report(st, &mut stream, false).await?;
+                watchdog(st, &mut stream).await?;
                 Flow::Continue
             }
             Event::Msg(msg) => {
-                on_message(st, &mut stream, msg.map_err(|e| conn_error(opts, e))?).await?
+                let flow =
+                    on_message(st, &mut stream, msg.map_err(|e| conn_error(opts, e))?).await?;
+                // Time spent waiting for lane capacity is not the server's silence.
+                st.last_heard = Instant::now();
+                flow
             }
         };
         if let Flow::Stopped = flow {
@@ -218,7 +227,7 @@ async fn on_stop(st: &mut State<'_>, stream: &mut ReplicationStream) -> Result<F
                         Some(ack) => st.tracker.ack(&ack),
                         None => break,
                     },
-                    _ = st.ticker.tick() => report(st, stream, false).await?,
+                    _ = st.ticker.tick() => periodic_report(st, stream).await?,
                 }
             }
             drain_acks(st);
@@ -227,6 +236,35 @@ async fn on_stop(st: &mut State<'_>, stream: &mut ReplicationStream) -> Result<F
             Ok(Flow::Stopped)
         }
     }
+}
+
+/// On each tick while reading the socket: give up on a silent connection (a partition sends
+/// no reset), ask for a reply when it has been quiet for half the timeout, and send the
+/// periodic status update.
+async fn watchdog(st: &mut State<'_>, stream: &mut ReplicationStream) -> Result<(), SourceError> {
+    let quiet = st.last_heard.elapsed();
+    if quiet >= st.opts.receive_timeout {
+        return Err(SourceError::transient(format!(
+            "{}: no message from the server for {:.1}s (receive_timeout); the connection is presumed lost",
+            st.opts.connector,
+            quiet.as_secs_f64()
+        )));
+    }
+    if quiet >= st.opts.receive_timeout / 2 {
+        return report(st, stream, true).await;
+    }
+    periodic_report(st, stream).await
+}
+
+/// A status update when `status_interval` has passed since the last one.
+async fn periodic_report(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+) -> Result<(), SourceError> {
+    if st.last_report.elapsed() >= st.opts.status_interval {
+        report(st, stream, false).await?;
+    }
+    Ok(())
 }
 
 async fn maybe_report(
@@ -424,7 +462,7 @@ async fn send(
                 }
             }
             Some(ack) = st.outputs.acks.recv() => { st.tracker.ack(&ack); drain_acks(st); maybe_report(st, stream).await?; }
-            _ = st.ticker.tick() => report(st, stream, false).await?,
+            _ = st.ticker.tick() => periodic_report(st, stream).await?,
         }
     };
     permit.send(Arc::new(change));
@@ -473,7 +511,7 @@ async fn wait_idle_streaming(
                 None => return Err(SourceError::fatal(format!("{}: every lane stopped", st.opts.connector))),
             },
             _ = st.stop.changed() => if *st.stop.borrow() == StopMode::Abort { return Ok(false) },
-            _ = st.ticker.tick() => report(st, stream, false).await?,
+            _ = st.ticker.tick() => periodic_report(st, stream).await?,
         }
     }
     Ok(true)
