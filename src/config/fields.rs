@@ -120,6 +120,18 @@ pub(crate) fn kind(value: &Value) -> &'static str {
     }
 }
 
+/// A boolean: YAML `true`/`false`, or the strings `"true"`/`"false"` (what `${VAR}` yields).
+pub(crate) fn boolean(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<bool> {
+    match value {
+        Value::Bool(b) => Ok(*b),
+        Value::String(s) if s == "true" || s == "false" => Ok(s == "true"),
+        other => Err(ctx.err(
+            path,
+            format!("expected true or false, found {}", kind(other)),
+        )),
+    }
+}
+
 /// A string. Numbers and booleans are refused rather than converted, because YAML has already
 /// rewritten them (`0123` is the number 123, `yes` may be a boolean).
 pub(crate) fn string(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
