@@ -229,6 +229,12 @@ async fn preflight_source(
                 connect_retries: pg.connect_retries,
                 status_interval: pg.status_interval,
                 receive_timeout: pg.receive_timeout,
+                stream_in_progress: pg.stream_in_progress,
+                spill_dir: pg.spill_dir.clone().unwrap_or_else(|| {
+                    std::env::temp_dir()
+                        .join("zipline-spill")
+                        .join(format!("{}-{}", pipeline.name, pg.slot_name))
+                }),
             };
             let source = PostgresSource::preflight(opts).await.map_err(source_err)?;
             Ok(Box::new(source))

@@ -12,7 +12,7 @@ use serde_yaml::Value;
 
 use super::LoadOptions;
 use super::fields::{
-    Ctx, Fields, Result, duration, identifier, list, non_empty, port, positive, retries,
+    Ctx, Fields, Result, boolean, duration, identifier, list, non_empty, port, positive, retries,
 };
 use super::locate::child_index;
 use super::model::{Connector, ConnectorKind, MysqlSink, PostgresSource};
@@ -38,6 +38,8 @@ const POSTGRES_FIELDS: &[&str] = &[
     "connect_retries",
     "status_interval",
     "receive_timeout",
+    "stream_in_progress",
+    "spill_dir",
 ];
 
 const MYSQL_FIELDS: &[&str] = &[
@@ -112,6 +114,10 @@ fn postgres(f: &Fields<'_>, refs: &[SecretRef], opts: &LoadOptions) -> Result<Po
         receive_timeout: f
             .optional("receive_timeout", &duration)?
             .unwrap_or(Duration::from_secs(60)),
+        stream_in_progress: f.optional("stream_in_progress", &boolean)?.unwrap_or(true),
+        spill_dir: f
+            .optional("spill_dir", &non_empty)?
+            .map(std::path::PathBuf::from),
     })
 }
 
@@ -363,7 +369,7 @@ routes:
         let cases: &[(&str, &str)] = &[
             (
                 "    hots: x\n",
-                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval, receive_timeout",
+                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval, receive_timeout, stream_in_progress, spill_dir",
             ),
             (
                 "    port: 0\n",

@@ -110,6 +110,12 @@ pub struct PostgresSource {
     /// Silence from the server after which the replication connection counts as lost
     /// (a network partition sends no reset). Default 60s.
     pub receive_timeout: Duration,
+    /// Receive large transactions while they run (pgoutput protocol 2, PostgreSQL 14+),
+    /// spilled to `spill_dir` until they commit. Default true.
+    pub stream_in_progress: bool,
+    /// Directory for streamed transactions awaiting commit. Default: the system temporary
+    /// directory, `zipline-spill/<pipeline>-<slot>`.
+    pub spill_dir: Option<std::path::PathBuf>,
 }
 
 /// `sink/mysql`: MySQL or MariaDB, written by parallel keyed lanes with idempotent batches.

@@ -9,6 +9,7 @@ mod conn;
 pub(crate) mod pgoutput;
 mod replication;
 mod setup;
+mod spill;
 pub(crate) mod types;
 
 use std::sync::Arc;
@@ -48,6 +49,11 @@ pub struct PostgresSourceOptions {
     pub status_interval: Duration,
     /// Silence after which the stream counts as lost.
     pub receive_timeout: Duration,
+    /// Ask the server to stream large transactions before they commit (protocol version 2;
+    /// turned off by preflight for servers before PostgreSQL 14).
+    pub stream_in_progress: bool,
+    /// Where streamed transactions wait for their commit.
+    pub spill_dir: std::path::PathBuf,
 }
 
 impl std::fmt::Debug for PostgresSourceOptions {
@@ -86,10 +92,15 @@ impl PostgresSource {
 
     /// Read-only preflight: reach the server (bounded retries), log in, check `wal_level`,
     /// resolve the published tables and their keys. Creates nothing.
-    pub async fn preflight(opts: PostgresSourceOptions) -> Result<Self, SourceError> {
+    pub async fn preflight(mut opts: PostgresSourceOptions) -> Result<Self, SourceError> {
         let params = Self::connect_params(&opts);
         let client = setup::connect_sql(&params, opts.connect_retries).await?;
         setup::check_wal_level(&client).await?;
+        let version = setup::server_version(&client).await?;
+        if opts.stream_in_progress && version < 140_000 {
+            tracing::info!(connector = %opts.connector, server_version = version, "the server cannot stream transactions in progress (PostgreSQL 14+); large transactions arrive after commit");
+            opts.stream_in_progress = false;
+        }
         let tables =
             setup::resolve_tables(&client, &opts.publication, opts.tables.as_deref()).await?;
         setup::find_slot(&client, &opts.slot_name, &opts.database).await?;

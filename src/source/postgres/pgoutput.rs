@@ -406,6 +406,21 @@ fn decode_relation(r: &mut Reader, in_stream: bool) -> Result<RelationBody, Deco
 }
 
 impl PgOutput {
+    /// For a message that belongs to a transaction streamed before commit (it carries an xid
+    /// because it was sent inside a Stream Start/Stop block): that (sub)transaction's xid.
+    pub(crate) fn stream_xid(&self) -> Option<u32> {
+        match self {
+            PgOutput::Relation(body) => body.xid,
+            PgOutput::Type { xid, .. }
+            | PgOutput::Insert { xid, .. }
+            | PgOutput::Update { xid, .. }
+            | PgOutput::Delete { xid, .. }
+            | PgOutput::Truncate { xid, .. }
+            | PgOutput::Message { xid, .. } => *xid,
+            _ => None,
+        }
+    }
+
     /// The message type's name, for logs and errors.
     pub(crate) fn name(&self) -> &'static str {
         match self {

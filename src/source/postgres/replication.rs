@@ -26,6 +26,7 @@ use super::conn::{
     ConnError, ConnectParams, ReplMessage, ReplicationConn, ReplicationStream, now_pg_micros,
 };
 use super::pgoutput::{self, PgOutput, Relations};
+use super::spill::Spill;
 use super::{PostgresSourceOptions, quote_ident, quote_literal};
 use crate::change::{Change, Lsn, Position};
 use crate::error::{Classify, ErrorClass};
@@ -51,6 +52,10 @@ struct State<'a> {
     ticker: tokio::time::Interval,
     /// When the socket last gave us a message (or we last came back to reading it).
     last_heard: Instant,
+    /// Transactions the server streams before they commit (protocol version 2).
+    spill: Spill,
+    /// The top-level xid of the stream block being received, between Stream Start and Stop.
+    streaming: Option<u32>,
 }
 
 struct OpenTx {
@@ -93,6 +98,14 @@ pub(crate) async fn run(
         last_report: Instant::now(),
         ticker,
         last_heard: Instant::now(),
+        spill: Spill::new(&opts.spill_dir).map_err(|e| {
+            SourceError::fatal(format!(
+                "{}: cannot use spill directory {}: {e}",
+                opts.connector,
+                opts.spill_dir.display()
+            ))
+        })?,
+        streaming: None,
     };
     let mut failures = 0u32;
     loop {
@@ -120,6 +133,8 @@ pub(crate) async fn run(
         st.tracker.abandon_open();
         st.tx = None;
         st.relations = Relations::default();
+        st.streaming = None;
+        st.spill.reset().map_err(|e| spill_error(st.opts, &e))?;
         let delay = crate::lane::backoff_for(failures);
         tracing::warn!(connector = %opts.connector, attempt = failures, delay_ms = delay.as_millis() as u64, error = %err, "replication stream lost; reconnecting");
         tokio::time::sleep(delay).await;
@@ -152,8 +167,15 @@ async fn session(st: &mut State<'_>, params: &ConnectParams) -> Result<(), Sourc
         .await
         .map_err(|e| conn_error(opts, e))?;
     let start = st.tracker.frontier();
+    // Version 2 with streaming (PostgreSQL 14+) sends a transaction larger than
+    // logical_decoding_work_mem while it runs, instead of spilling it on the server first.
+    let protocol = if opts.stream_in_progress {
+        "proto_version '2', streaming 'on'"
+    } else {
+        "proto_version '1'"
+    };
     let command = format!(
-        "START_REPLICATION SLOT {} LOGICAL {start} (proto_version '1', publication_names {})",
+        "START_REPLICATION SLOT {} LOGICAL {start} ({protocol}, publication_names {})",
         quote_ident(&opts.slot_name),
         quote_literal(&quote_ident(&opts.publication)),
     );
@@ -318,12 +340,17 @@ async fn on_message(
             Ok(Flow::Continue)
         }
         ReplMessage::XLogData { wal_end, data } => {
-            let msg = pgoutput::decode(data, false).map_err(|e| {
-                SourceError::fatal(format!(
-                    "{}: undecodable pgoutput message: {e}",
-                    st.opts.connector
-                ))
-            })?;
+            let msg = pgoutput::decode(data.clone(), st.streaming.is_some())
+                .map_err(|e| undecodable(st.opts, &e))?;
+            if let (Some(top), Some(sub)) = (st.streaming, msg.stream_xid()) {
+                // Part of a transaction still running on the server: kept aside until it
+                // commits (or dropped when it aborts).
+                st.spill
+                    .append(top, sub, &data)
+                    .map_err(|e| spill_error(st.opts, &e))?;
+                st.received = st.received.max(wal_end);
+                return Ok(Flow::Continue);
+            }
             let flow = on_pgoutput(st, stream, msg).await?;
             st.received = st.received.max(wal_end);
             Ok(flow)
@@ -352,6 +379,99 @@ async fn on_pgoutput(
             st.tracker.commit(end_lsn);
             st.tx = None;
         }
+        PgOutput::StreamStart { xid, .. } => st.streaming = Some(xid),
+        PgOutput::StreamStop => st.streaming = None,
+        PgOutput::StreamAbort { xid, subxid } => {
+            st.spill
+                .abort(xid, subxid)
+                .map_err(|e| spill_error(st.opts, &e))?;
+            tracing::debug!(
+                xid,
+                subxid,
+                "streamed transaction aborted; its changes are dropped"
+            );
+        }
+        PgOutput::StreamCommit {
+            xid,
+            commit_lsn,
+            end_lsn,
+            commit_time,
+            ..
+        } => return replay_streamed(st, stream, xid, commit_lsn, end_lsn, commit_time).await,
+        other => return on_data(st, stream, other).await,
+    }
+    Ok(Flow::Continue)
+}
+
+/// A streamed transaction committed: replay its spilled messages as one ordinary transaction,
+/// with the table shapes its own Relation messages announced.
+async fn replay_streamed(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    xid: u32,
+    commit_lsn: Lsn,
+    end_lsn: Lsn,
+    commit_time: i64,
+) -> Result<Flow, SourceError> {
+    let mut reader = st.spill.finish(xid).map_err(|e| spill_error(st.opts, &e))?;
+    st.tracker.begin(commit_lsn, commit_time);
+    st.tx = Some(OpenTx {
+        lsn: commit_lsn,
+        ordinal: 0,
+    });
+    let mut relations = std::mem::take(&mut st.relations);
+    let mut flow = Flow::Continue;
+    loop {
+        let next = match reader.next_message() {
+            Ok(Some(data)) => data,
+            Ok(None) => break,
+            Err(e) => {
+                st.relations = relations;
+                return Err(spill_error(st.opts, &e));
+            }
+        };
+        std::mem::swap(&mut st.relations, &mut relations);
+        let result = match pgoutput::decode(next, true) {
+            Ok(msg) => on_data(st, stream, msg).await,
+            Err(e) => Err(undecodable(st.opts, &e)),
+        };
+        std::mem::swap(&mut st.relations, &mut relations);
+        flow = result.inspect_err(|_| st.relations = std::mem::take(&mut relations))?;
+        if let Flow::Stopped = flow {
+            break;
+        }
+    }
+    st.relations = relations;
+    if let Flow::Continue = flow {
+        st.tracker.commit(end_lsn);
+        st.tx = None;
+    }
+    Ok(flow)
+}
+
+fn undecodable(opts: &PostgresSourceOptions, e: &pgoutput::DecodeError) -> SourceError {
+    SourceError::fatal(format!(
+        "{}: undecodable pgoutput message: {e}",
+        opts.connector
+    ))
+}
+
+fn spill_error(opts: &PostgresSourceOptions, e: &std::io::Error) -> SourceError {
+    SourceError::fatal(format!(
+        "{}: spill directory {}: {e} (streamed transactions are kept there until they commit; \
+         check free space and permissions, or set spill_dir)",
+        opts.connector,
+        opts.spill_dir.display()
+    ))
+}
+
+/// Relation, row and truncate messages, whether received live or replayed from a spill file.
+async fn on_data(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    msg: PgOutput,
+) -> Result<Flow, SourceError> {
+    match msg {
         PgOutput::Relation(body) => {
             let table = st.relations.apply_relation(body);
             tracing::debug!(table = %table.qualified_name(), columns = table.columns.len(), "relation");
@@ -389,7 +509,7 @@ async fn on_pgoutput(
         PgOutput::Origin { .. } | PgOutput::Type { .. } | PgOutput::Message { .. } => {}
         other => {
             return Err(SourceError::fatal(format!(
-                "{}: unexpected pgoutput message {} (streaming of in-progress transactions was not requested)",
+                "{}: unexpected pgoutput message {} here",
                 st.opts.connector,
                 other.name()
             )));

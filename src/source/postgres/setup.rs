@@ -85,6 +85,17 @@ fn connect_error(
     }
 }
 
+/// `server_version_num`, e.g. 150004.
+pub(crate) async fn server_version(client: &Client) -> Result<i32, SourceError> {
+    let text: String = client
+        .query_one("SHOW server_version_num", &[])
+        .await
+        .map_err(|e| sql_error("reading server_version_num", &e))?
+        .get(0);
+    text.parse()
+        .map_err(|_| SourceError::fatal(format!("unexpected server_version_num {text:?}")))
+}
+
 /// Stop unless the server decodes logical WAL.
 pub(crate) async fn check_wal_level(client: &Client) -> Result<(), SourceError> {
     let level: String = client
