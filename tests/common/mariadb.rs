@@ -207,6 +207,8 @@ impl MariaDb {
             .arg(format!("--socket={}", d("my.sock")))
             .arg(format!("--pid-file={}", d("my.pid")))
             .arg(format!("--log-error={}", d("err.log")))
+            // Its own temporary directory: a shared /tmp gets swept by other tools mid-query.
+            .arg(format!("--tmpdir={}", self.dir.display()))
             .arg(format!("--port={}", self.port))
             .args([
                 "--bind-address=127.0.0.1",
