@@ -17,132 +17,15 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod common_backlog;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+use common_backlog::{Op, env_or, generate, spawn_zipline, stop_zipline, tree_cpu, wait_confirmed};
 
 use mysql_async::prelude::Queryable;
-
-#[derive(Clone)]
-struct Row {
-    id: i64,
-    name: String,
-    qty: i32,
-    price: String,
-    /// Seconds after 2024-01-01 00:00:00 UTC.
-    updated_at: i64,
-}
-
-#[derive(Clone)]
-enum Op {
-    Upsert(Row),
-    Delete(i64),
-}
-
-impl Op {
-    fn id(&self) -> i64 {
-        match self {
-            Op::Upsert(r) => r.id,
-            Op::Delete(id) => *id,
-        }
-    }
-}
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A tiny deterministic generator, so every run writes the same backlog.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-fn row(id: i64, tx: usize, rng: &mut Rng) -> Row {
-    Row {
-        id,
-        name: format!("item-{id}-{}", rng.below(1000)),
-        qty: rng.below(10_000) as i32,
-        price: format!("{}.{:02}", rng.below(100_000), rng.below(100)),
-        updated_at: tx as i64,
-    }
-}
-
-/// Generate the backlog as transactions of SQL text for PostgreSQL, and the op stream.
-fn generate(changes: usize) -> (Vec<String>, Vec<Op>) {
-    let mut rng = Rng(0x5EED_2210_4471);
-    let mut live: Vec<i64> = Vec::new();
-    let mut next_id = 1i64;
-    let mut txs = Vec::new();
-    let mut ops = Vec::with_capacity(changes);
-    for tx in 0..changes.div_ceil(100) {
-        let mut inserts = Vec::new();
-        for _ in 0..60 {
-            inserts.push(row(next_id, tx, &mut rng));
-            next_id += 1;
-        }
-        let mut picked = std::collections::HashSet::new();
-        let mut updates = Vec::new();
-        let mut deletes = Vec::new();
-        while updates.len() < 30 && live.len() > 100 {
-            let id = live[rng.below(live.len())];
-            if picked.insert(id) {
-                updates.push(row(id, tx, &mut rng));
-            }
-        }
-        while deletes.len() < 10 && live.len() > 100 {
-            let i = rng.below(live.len());
-            if picked.insert(live[i]) {
-                deletes.push(live.swap_remove(i));
-            }
-        }
-        let values = |rows: &[Row]| {
-            rows.iter()
-                .map(|r| format!("({}, '{}', {}, {}, timestamptz '2024-01-01 00:00:00+00' + interval '{} seconds')", r.id, r.name, r.qty, r.price, r.updated_at))
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let mut sql = String::from("BEGIN;");
-        write!(
-            sql,
-            "INSERT INTO items (id, name, qty, price, updated_at) VALUES {};",
-            values(&inserts)
-        )
-        .unwrap();
-        if !updates.is_empty() {
-            write!(
-                sql,
-                "UPDATE items SET name = v.name, qty = v.qty, price = v.price, updated_at = v.updated_at FROM (VALUES {}) v(id, name, qty, price, updated_at) WHERE items.id = v.id;",
-                values(&updates)
-            )
-            .unwrap();
-        }
-        if !deletes.is_empty() {
-            let ids: Vec<String> = deletes.iter().map(i64::to_string).collect();
-            write!(sql, "DELETE FROM items WHERE id IN ({});", ids.join(",")).unwrap();
-        }
-        sql.push_str("COMMIT;");
-        txs.push(sql);
-        live.extend(inserts.iter().map(|r| r.id));
-        // Stream order inside a transaction: statement order, rows in statement order.
-        ops.extend(inserts.into_iter().map(Op::Upsert));
-        ops.extend(updates.into_iter().map(Op::Upsert));
-        ops.extend(deletes.into_iter().map(Op::Delete));
-    }
-    (txs, ops)
-}
 
 static RAW_RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -206,63 +89,6 @@ async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
         applied += chunk.len() as u64;
     }
     applied
-}
-
-fn proc_stat(pid: u32) -> (u64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let hwm_kb = status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks: u64 = fields.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    (hwm_kb, ticks as f64 / 100.0)
-}
-
-/// CPU seconds used so far by `root` and every descendant, live or reaped.
-fn tree_cpu(root: u32) -> f64 {
-    let mut parent_of = Vec::new();
-    let mut ticks_of = HashMap::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let fields: Vec<&str> = stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .split_whitespace()
-            .collect();
-        let num = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        parent_of.push((pid, num(1) as u32));
-        // utime, stime, and the reaped children's cutime, cstime.
-        ticks_of.insert(pid, num(11) + num(12) + num(13) + num(14));
-    }
-    let mut tree = vec![root];
-    let mut i = 0;
-    while i < tree.len() {
-        let p = tree[i];
-        tree.extend(parent_of.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
-        i += 1;
-    }
-    tree.iter().filter_map(|p| ticks_of.get(p)).sum::<u64>() as f64 / 100.0
 }
 
 struct Cpu {
@@ -364,54 +190,15 @@ async fn main() {
         ),
     )
     .expect("write yaml");
-    let log = std::fs::File::create(dir.path().join("zipline.log")).expect("log");
+    let log = dir.path().join("zipline.log");
     let cpu = cpu_now(&pg, &my);
     let started = Instant::now();
-    // ZIPLINE_BENCH_WRAP runs Zipline under a profiler, e.g. "perf record -g -o /tmp/zl.data --".
-    let wrap: Vec<String> = std::env::var("ZIPLINE_BENCH_WRAP")
-        .map(|w| w.split_whitespace().map(str::to_owned).collect())
-        .unwrap_or_default();
-    let mut command = match wrap.split_first() {
-        Some((program, args)) => {
-            let mut c = std::process::Command::new(program);
-            c.args(args).arg(common::zipline_bin());
-            c
-        }
-        None => std::process::Command::new(common::zipline_bin()),
-    };
-    let mut child = command
-        .args(["pipeline", "apply", "-f"])
-        .arg(&yaml)
-        .stderr(log)
-        .spawn()
-        .expect("spawn zipline");
-    let pid = child.id();
-    let mut peak;
-    loop {
-        let done = pg.psql("bench", &format!("SELECT confirmed_flush_lsn >= '{end_lsn}' FROM pg_replication_slots WHERE slot_name = 'zbench'"));
-        peak = proc_stat(pid);
-        if done == "t" {
-            break;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "zipline exited early with {status}: {}",
-                std::fs::read_to_string(dir.path().join("zipline.log")).unwrap_or_default()
-            );
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(1800),
-            "zipline did not catch up in 30 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut child = spawn_zipline(&yaml, &log);
+    let peak = wait_confirmed(&pg, "bench", "zbench", &end_lsn, &mut child, &log);
     let zl_secs = started.elapsed().as_secs_f64();
     let zl_rate = total as f64 / zl_secs;
     let zl_cpu = cpu_since(&cpu, &pg, &my);
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
-    let status = child.wait().expect("wait zipline");
+    let status = stop_zipline(child);
 
     let checksum = "SELECT CONCAT(COUNT(*), ':', MD5(GROUP_CONCAT(CONCAT_WS(',', id, name, qty, price, updated_at) ORDER BY id SEPARATOR ';'))) FROM items";
     let raw_sum = my.sql(

@@ -11,5 +11,6 @@ pub mod lane;
 pub mod pipeline;
 pub mod sink;
 pub mod source;
+pub mod transform;
 
 mod checkpoint;

@@ -48,6 +48,9 @@ pub enum PipelineError {
     /// A lane failed while streaming; the pipeline halted without acknowledging its batch.
     #[error("{0}; the pipeline halted: nothing past the last committed batch was acknowledged")]
     Lane(#[from] LaneError),
+    /// The route's transform could not start.
+    #[error("{0}")]
+    Transform(#[from] crate::transform::TransformError),
 }
 
 struct SinkPlan {
@@ -86,15 +89,41 @@ pub async fn run(
 
     // Preflight: nothing is created until every check has passed.
     let mut source = preflight_source(&pipeline, &route.from).await?;
+    // A transform may drop, rename or add tables, so what reaches the sinks is known only
+    // change by change: their tables are then checked when changes are applied.
+    let sink_tables = if route.transform.is_some() {
+        &[][..]
+    } else {
+        source.tables()
+    };
     for sink in &sinks {
         sink.connector
-            .check_tables(source.tables())
+            .check_tables(sink_tables)
             .await
             .map_err(|error| PipelineError::Sink {
                 connector: sink.connector.name().to_owned(),
                 error,
             })?;
     }
+    let transform = match &route.transform {
+        None => None,
+        Some(spec) => {
+            let postgres = matches!(
+                pipeline.connector(&route.from).map(|c| &c.kind),
+                Some(ConnectorKind::PostgresSource(_))
+            );
+            if !postgres {
+                return Err(PipelineError::Invalid {
+                    pipeline: pipeline.name.clone(),
+                    message: format!(
+                        "route from {}: transforms run on source/postgres routes only in this release",
+                        route.from
+                    ),
+                });
+            }
+            Some(crate::transform::RouteTransform::start(&route.from, spec).await?)
+        }
+    };
     source.prepare().await.map_err(&source_err)?;
 
     // Lanes.
@@ -138,6 +167,7 @@ pub async fn run(
         Outputs {
             routers,
             acks: ack_rx,
+            transform,
         },
         stop_rx,
         source_stats.clone(),
@@ -236,7 +266,66 @@ async fn preflight_source(
                         .join(format!("{}-{}", pipeline.name, pg.slot_name))
                 }),
             };
-            let source = PostgresSource::preflight(opts).await.map_err(source_err)?;
+            let mut source = PostgresSource::preflight(opts).await.map_err(source_err)?;
+            if pg.snapshot == config::PostgresSnapshot::Initial {
+                // The snapshot records its progress in, and writes rows to, the route's sinks
+                // (connector instances of its own).
+                let mut sinks = Vec::new();
+                let mut transformed = false;
+                for route in pipeline.routes.iter().filter(|r| r.from == name) {
+                    transformed |= route.transform.is_some();
+                    for to in &route.to {
+                        sinks.push(sink_plan(pipeline, to)?.connector);
+                    }
+                }
+                source = source.with_snapshot(crate::source::postgres::PostgresSnapshotOptions {
+                    parallelism: pg.snapshot_parallelism,
+                    chunk_rows: pg.snapshot_chunk_rows,
+                    progress_interval: pipeline.settings.progress_interval,
+                    sinks,
+                    transformed,
+                });
+            }
+            Ok(Box::new(source))
+        }
+        Some(ConnectorKind::SqlServerSource(ms)) => {
+            // SQL Server keeps no reader position, so the source asks the route's sinks
+            // where to resume and tells them what is durable (own connector instances).
+            let mut sinks = Vec::new();
+            for route in pipeline.routes.iter().filter(|r| r.from == name) {
+                for to in &route.to {
+                    let plan = sink_plan(pipeline, to)?;
+                    sinks.push(crate::source::sqlserver::SinkLanes {
+                        connector: plan.connector,
+                        lanes: plan.lanes,
+                    });
+                }
+            }
+            let opts = crate::source::sqlserver::SqlServerSourceOptions {
+                connector: name.to_owned(),
+                host: ms.host.clone(),
+                port: ms.port,
+                database: ms.database.clone(),
+                user: ms.user.clone(),
+                password: ms.password.as_ref().map(|s| s.expose().to_owned()),
+                tables: ms.tables.clone(),
+                poll_interval: ms.poll_interval,
+                encrypt: ms.encrypt,
+                trust_server_certificate: ms.trust_server_certificate,
+                snapshot: match ms.snapshot {
+                    config::SqlServerSnapshot::Initial => {
+                        crate::source::sqlserver::SnapshotMode::Initial
+                    }
+                    config::SqlServerSnapshot::Never => {
+                        crate::source::sqlserver::SnapshotMode::Never
+                    }
+                },
+                connect_timeout: ms.connect_timeout,
+                connect_retries: ms.connect_retries,
+            };
+            let source = crate::source::sqlserver::SqlServerSource::preflight(opts, sinks)
+                .await
+                .map_err(source_err)?;
             Ok(Box::new(source))
         }
         _ => Err(PipelineError::Invalid {
@@ -266,6 +355,30 @@ fn sink_plan(pipeline: &config::Pipeline, name: &str) -> Result<SinkPlan, Pipeli
                 batch_size: my.batch_size,
                 max_wait: my.max_wait,
                 max_retries: my.max_retries,
+            },
+        }),
+        Some(ConnectorKind::PostgresSink(pg)) => Ok(SinkPlan {
+            connector: Box::new(crate::sink::postgres::PostgresConnector::new(
+                crate::sink::postgres::PostgresSinkOptions {
+                    connector: name.to_owned(),
+                    pipeline: pipeline.name.clone(),
+                    host: pg.host.clone(),
+                    port: pg.port,
+                    database: pg.database.clone(),
+                    user: pg.user.clone(),
+                    password: pg.password.as_ref().map(|s| s.expose().to_owned()),
+                    schema: pg.schema.clone(),
+                    create_tables: pg.create_tables,
+                    connect_timeout: pg.connect_timeout,
+                },
+            )),
+            lanes: pg.lanes,
+            queue_capacity: pg.queue_capacity,
+            lane_cfg: LaneConfig {
+                sink: name.to_owned(),
+                batch_size: pg.batch_size,
+                max_wait: pg.max_wait,
+                max_retries: pg.max_retries,
             },
         }),
         _ => Err(PipelineError::Invalid {

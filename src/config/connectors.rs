@@ -15,12 +15,12 @@ use super::fields::{
     Ctx, Fields, Result, boolean, duration, identifier, list, non_empty, port, positive, retries,
 };
 use super::locate::child_index;
-use super::model::{Connector, ConnectorKind, MysqlSink, PostgresSource};
+use super::model::{Connector, ConnectorKind, MysqlSink, PostgresSnapshot, PostgresSource};
 use super::secrets::{SecretRef, secret_field, secret_refs};
 
 const SOURCE_POSTGRES: &str = "source/postgres";
 const SINK_MYSQL: &str = "sink/mysql";
-const KNOWN_TYPES: &str = "source/postgres, sink/mysql";
+const KNOWN_TYPES: &str = "source/postgres, source/sqlserver, sink/mysql, sink/postgres";
 
 const POSTGRES_FIELDS: &[&str] = &[
     "name",
@@ -40,6 +40,9 @@ const POSTGRES_FIELDS: &[&str] = &[
     "receive_timeout",
     "stream_in_progress",
     "spill_dir",
+    "snapshot",
+    "snapshot_parallelism",
+    "snapshot_chunk_rows",
 ];
 
 const MYSQL_FIELDS: &[&str] = &[
@@ -84,6 +87,16 @@ pub(crate) fn parse_connector(
             let refs = secret_refs(&f, SINK_MYSQL, SECRET_FIELDS)?;
             ConnectorKind::MysqlSink(mysql(&f, &refs, opts, pipeline)?)
         }
+        super::postgres_sink::TYPE => {
+            f.deny_unknown(super::postgres_sink::FIELDS)?;
+            let refs = secret_refs(&f, super::postgres_sink::TYPE, SECRET_FIELDS)?;
+            ConnectorKind::PostgresSink(super::postgres_sink::parse(&f, &refs, opts)?)
+        }
+        super::sqlserver::TYPE => {
+            f.deny_unknown(super::sqlserver::FIELDS)?;
+            let refs = secret_refs(&f, super::sqlserver::TYPE, SECRET_FIELDS)?;
+            ConnectorKind::SqlServerSource(super::sqlserver::parse(&f, &refs, opts)?)
+        }
         other => {
             return Err(ctx.err(
                 &f.field_path("type"),
@@ -118,7 +131,27 @@ fn postgres(f: &Fields<'_>, refs: &[SecretRef], opts: &LoadOptions) -> Result<Po
         spill_dir: f
             .optional("spill_dir", &non_empty)?
             .map(std::path::PathBuf::from),
+        snapshot: f
+            .optional("snapshot", &postgres_snapshot)?
+            .unwrap_or(PostgresSnapshot::Initial),
+        snapshot_parallelism: f
+            .optional("snapshot_parallelism", &positive::<u32>(64))?
+            .unwrap_or(2),
+        snapshot_chunk_rows: f
+            .optional("snapshot_chunk_rows", &positive::<u64>(COUNT_MAX))?
+            .unwrap_or(50_000),
     })
+}
+
+fn postgres_snapshot(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<PostgresSnapshot> {
+    match non_empty(ctx, path, value)?.as_str() {
+        "initial" => Ok(PostgresSnapshot::Initial),
+        "never" => Ok(PostgresSnapshot::Never),
+        other => Err(ctx.err(
+            path,
+            format!("unknown snapshot mode `{other}`; expected `initial` or `never`"),
+        )),
+    }
 }
 
 fn mysql(
@@ -279,14 +312,14 @@ connectors:
     fn source(p: &super::super::Pipeline) -> &PostgresSource {
         match &p.connectors[0].kind {
             ConnectorKind::PostgresSource(s) => s,
-            ConnectorKind::MysqlSink(_) => panic!("connector 0 is not the source"),
+            _ => panic!("connector 0 is not the source"),
         }
     }
 
     fn sink(p: &super::super::Pipeline) -> &MysqlSink {
         match &p.connectors[1].kind {
             ConnectorKind::MysqlSink(s) => s,
-            ConnectorKind::PostgresSource(_) => panic!("connector 1 is not the sink"),
+            _ => panic!("connector 1 is not the sink"),
         }
     }
 
@@ -314,6 +347,42 @@ connectors:
         );
         assert_eq!(k.max_wait, Duration::from_millis(20));
         assert_eq!(k.connect_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn snapshot_settings() {
+        let p = load_with("", &opts(&[])).unwrap();
+        let s = source(&p);
+        assert_eq!(
+            (s.snapshot, s.snapshot_parallelism, s.snapshot_chunk_rows),
+            (PostgresSnapshot::Initial, 2, 50_000)
+        );
+        let extra =
+            "    snapshot: never\n    snapshot_parallelism: 8\n    snapshot_chunk_rows: 1000\n";
+        let p = load_with(extra, &opts(&[])).unwrap();
+        let s = source(&p);
+        assert_eq!(
+            (s.snapshot, s.snapshot_parallelism, s.snapshot_chunk_rows),
+            (PostgresSnapshot::Never, 8, 1000)
+        );
+        let err = load_with("    snapshot: always\n", &opts(&[])).unwrap_err();
+        assert_eq!(
+            err,
+            "p.yaml:10: connectors[0].snapshot: unknown snapshot mode `always`; expected \
+             `initial` or `never`"
+        );
+        let err = load_with("    snapshot_parallelism: 65\n", &opts(&[])).unwrap_err();
+        assert!(
+            err.starts_with(
+                "p.yaml:10: connectors[0].snapshot_parallelism: must be between 1 and 64"
+            ),
+            "{err}"
+        );
+        let err = load_with("    snapshot_chunk_rows: 0\n", &opts(&[])).unwrap_err();
+        assert!(
+            err.starts_with("p.yaml:10: connectors[0].snapshot_chunk_rows: must be between 1"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -369,7 +438,7 @@ routes:
         let cases: &[(&str, &str)] = &[
             (
                 "    hots: x\n",
-                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval, receive_timeout, stream_in_progress, spill_dir",
+                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval, receive_timeout, stream_in_progress, spill_dir, snapshot, snapshot_parallelism, snapshot_chunk_rows",
             ),
             (
                 "    port: 0\n",
@@ -452,7 +521,7 @@ routes:
             load_str("p.yaml", &format!("{text}{TAIL}"), &o)
                 .unwrap_err()
                 .to_string(),
-            "p.yaml:4: connectors[0].type: unknown connector type `source/kafka`; known types: source/postgres, sink/mysql"
+            "p.yaml:4: connectors[0].type: unknown connector type `source/kafka`; known types: source/postgres, source/sqlserver, sink/mysql, sink/postgres"
         );
     }
 

@@ -26,12 +26,19 @@ mod fields;
 mod interpolate;
 mod locate;
 mod model;
+mod postgres_sink;
 mod routes;
 mod secrets;
+mod sqlserver;
+mod transform;
 
 pub use error::ConfigError;
-pub use model::{Connector, ConnectorKind, MysqlSink, Pipeline, PostgresSource, Route, Settings};
+pub use model::{
+    Connector, ConnectorKind, MysqlSink, Pipeline, PostgresSink, PostgresSnapshot, PostgresSource,
+    Route, Settings, SqlServerSnapshot, SqlServerSource,
+};
 pub use secrets::Secret;
+pub use transform::{OnError, TransformLimits, TransformSpec};
 
 use fields::{Ctx, Fields, Result, duration, identifier, list};
 use locate::{LineIndex, child_index};
@@ -287,7 +294,8 @@ routes:
             p.routes,
             [Route {
                 from: "orders-db".into(),
-                to: vec!["mysql-out".into()]
+                to: vec!["mysql-out".into()],
+                transform: None,
             }]
         );
         assert_eq!(p.settings.progress_interval, Duration::from_secs(5));

@@ -59,6 +59,10 @@ pub enum ConnectorKind {
     PostgresSource(PostgresSource),
     /// `type: sink/mysql`.
     MysqlSink(MysqlSink),
+    /// `type: source/sqlserver`.
+    SqlServerSource(SqlServerSource),
+    /// `type: sink/postgres`.
+    PostgresSink(PostgresSink),
 }
 
 impl ConnectorKind {
@@ -67,17 +71,25 @@ impl ConnectorKind {
         match self {
             ConnectorKind::PostgresSource(_) => "source/postgres",
             ConnectorKind::MysqlSink(_) => "sink/mysql",
+            ConnectorKind::SqlServerSource(_) => "source/sqlserver",
+            ConnectorKind::PostgresSink(_) => "sink/postgres",
         }
     }
 
     /// Whether changes come out of this connector (it may appear in a route's `from`).
     pub fn is_source(&self) -> bool {
-        matches!(self, ConnectorKind::PostgresSource(_))
+        matches!(
+            self,
+            ConnectorKind::PostgresSource(_) | ConnectorKind::SqlServerSource(_)
+        )
     }
 
     /// Whether changes go into this connector (it may appear in a route's `to`).
     pub fn is_sink(&self) -> bool {
-        matches!(self, ConnectorKind::MysqlSink(_))
+        matches!(
+            self,
+            ConnectorKind::MysqlSink(_) | ConnectorKind::PostgresSink(_)
+        )
     }
 }
 
@@ -116,6 +128,62 @@ pub struct PostgresSource {
     /// Directory for streamed transactions awaiting commit. Default: the system temporary
     /// directory, `zipline-spill/<pipeline>-<slot>`.
     pub spill_dir: Option<std::path::PathBuf>,
+    /// Copy the tables' existing rows when Zipline creates the slot. Default
+    /// [`PostgresSnapshot::Initial`].
+    pub snapshot: PostgresSnapshot,
+    /// Snapshot reader connections (and sink connections loading chunks). Default 2; 1–64.
+    pub snapshot_parallelism: u32,
+    /// Target rows per snapshot chunk (the unit of parallelism and of resuming). Default 50000.
+    pub snapshot_chunk_rows: u64,
+}
+
+/// `snapshot:` of `source/postgres`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostgresSnapshot {
+    /// `initial`: when Zipline creates the slot, copy the tables' rows, then stream.
+    Initial,
+    /// `never`: stream only changes committed after the slot was created.
+    Never,
+}
+
+/// `source/sqlserver`: SQL Server change data capture, polled from the change tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlServerSource {
+    /// Server host name or address. Required.
+    pub host: String,
+    /// Server port. Default 1433.
+    pub port: u16,
+    /// Database with CDC enabled. Required.
+    pub database: String,
+    /// SQL Server login. Required.
+    pub user: String,
+    /// From `password:` or `secret_refs`; `None` sends an empty password.
+    pub password: Option<Secret>,
+    /// Tables to replicate as `(schema, table)`; `table` alone is `dbo.table`. Required,
+    /// non-empty.
+    pub tables: Vec<(String, String)>,
+    /// Pause between polls of the change tables that found nothing new. Default 500ms.
+    pub poll_interval: Duration,
+    /// Encrypt the connection with TLS, failing if the server cannot. Default true.
+    pub encrypt: bool,
+    /// Accept the server certificate without validating it. Default false.
+    pub trust_server_certificate: bool,
+    /// Copy the existing rows before streaming when the sinks hold no position. Default
+    /// [`SqlServerSnapshot::Initial`].
+    pub snapshot: SqlServerSnapshot,
+    /// Time allowed for one connection attempt. Default 10s.
+    pub connect_timeout: Duration,
+    /// Further attempts after a failed connect before giving up. Default 5.
+    pub connect_retries: u32,
+}
+
+/// `snapshot:` of `source/sqlserver`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SqlServerSnapshot {
+    /// `initial`: copy the tables' rows, then stream.
+    Initial,
+    /// `never`: stream only changes committed after the first start.
+    Never,
 }
 
 /// `sink/mysql`: MySQL or MariaDB, written by parallel keyed lanes with idempotent batches.
@@ -145,6 +213,38 @@ pub struct MysqlSink {
     pub max_retries: u32,
 }
 
+/// `sink/postgres`: PostgreSQL, written by parallel keyed lanes with idempotent batches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresSink {
+    /// Server host name or address. Required.
+    pub host: String,
+    /// Server port. Default 5432.
+    pub port: u16,
+    /// Target database. Required; at most 63 bytes.
+    pub database: String,
+    /// User. Required.
+    pub user: String,
+    /// From `password:` or `secret_refs`; `None` for trust/peer authentication.
+    pub password: Option<Secret>,
+    /// Schema of every target table (and of the checkpoint table); `None`: each source
+    /// table's own schema (checkpoints in `public`).
+    pub schema: Option<String>,
+    /// Create missing target tables with the source's column types. Default false.
+    pub create_tables: bool,
+    /// Number of parallel lanes (one connection each). Default 4; 1–256.
+    pub lanes: u32,
+    /// Most changes in one lane batch (one transaction). Default 1000.
+    pub batch_size: usize,
+    /// Longest a partial batch waits for more changes before it is written. Default 20ms.
+    pub max_wait: Duration,
+    /// Capacity of each lane's bounded queue, in changes. Default 4096.
+    pub queue_capacity: usize,
+    /// Time allowed for one connection attempt. Default 10s.
+    pub connect_timeout: Duration,
+    /// Transient-error retries per batch before the error becomes fatal. Default 10.
+    pub max_retries: u32,
+}
+
 /// Changes from one source go to every listed sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
@@ -152,6 +252,8 @@ pub struct Route {
     pub from: String,
     /// Sink connector names; non-empty, no duplicates.
     pub to: Vec<String>,
+    /// The WebAssembly transform changes pass through before the lanes (`transform:`).
+    pub transform: Option<super::transform::TransformSpec>,
 }
 
 #[cfg(test)]

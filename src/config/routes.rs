@@ -25,7 +25,7 @@ pub(crate) fn parse_routes(
     for (i, item) in items.iter().enumerate() {
         let route_path = child_index(path, i);
         let f = Fields::new(ctx, item, &route_path, "a route `{ from, to }`")?;
-        f.deny_unknown(&["from", "to"])?;
+        f.deny_unknown(&["from", "to", "transform"])?;
 
         let from = f.required("from", &non_empty)?;
         let from_path = f.field_path("from");
@@ -65,7 +65,21 @@ pub(crate) fn parse_routes(
                 ));
             }
         };
-        routes.push(Route { from, to });
+        let transform = match f.get("transform") {
+            Some(v) => Some(super::transform::parse_transform(
+                ctx,
+                v,
+                &f.field_path("transform"),
+                &super::transform::base_dir(ctx.file),
+                &super::transform::file_stem(ctx.file),
+            )?),
+            None => None,
+        };
+        routes.push(Route {
+            from,
+            to,
+            transform,
+        });
     }
 
     for (i, c) in connectors.iter().enumerate() {
@@ -80,6 +94,22 @@ pub(crate) fn parse_routes(
                     c.name
                 ),
             ));
+        }
+    }
+    // Last, because it compiles and starts each module: every cheaper check has passed.
+    for (i, route) in routes.iter().enumerate() {
+        if let Some(spec) = &route.transform {
+            crate::transform::validate(&route.from, spec).map_err(|(field, message)| {
+                let field = match field {
+                    crate::transform::SpecField::Module => "module",
+                    crate::transform::SpecField::Config if spec.config.is_empty() => "module",
+                    crate::transform::SpecField::Config => "config",
+                };
+                ctx.err(
+                    &format!("{}.transform.{field}", child_index(path, i)),
+                    message,
+                )
+            })?;
         }
     }
     Ok(routes)
@@ -217,7 +247,7 @@ connectors:
             ),
             (
                 "routes:\n  - from: src\n    to: [out]\n    via: x\n",
-                "r.yaml:24: routes[0].via: unknown field `via`; expected one of: from, to",
+                "r.yaml:24: routes[0].via: unknown field `via`; expected one of: from, to, transform",
             ),
             (
                 "routes:\n  - from: src\n    to: [out]\n",

@@ -234,7 +234,7 @@ mod tests {
     fn source_password(p: &Pipeline) -> Option<&str> {
         match &p.connectors[0].kind {
             ConnectorKind::PostgresSource(s) => s.password.as_ref().map(Secret::expose),
-            ConnectorKind::MysqlSink(_) => panic!("connector 0 is not the source"),
+            _ => panic!("connector 0 is not the source"),
         }
     }
 

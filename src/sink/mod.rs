@@ -11,7 +11,12 @@ use std::sync::Arc;
 use crate::change::{Change, Position, Table};
 use crate::error::{Classify, ErrorClass};
 
+mod coalesce;
 pub mod mysql;
+pub mod postgres;
+mod snapshot;
+
+pub use snapshot::{SnapshotChunk, SnapshotState};
 
 /// A boxed, sendable future (keeps the sink traits object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -95,6 +100,110 @@ pub trait SinkConnector: Send + Sync {
         lane: u32,
         lanes: u32,
     ) -> BoxFuture<'_, Result<Box<dyn LaneSink>, SinkError>>;
+
+    /// For a source that keeps no cursor upstream (SQL Server): the lowest position that
+    /// every one of `lanes` lanes has committed, i.e. where the source resumes (lanes skip
+    /// what their own checkpoints cover). `None` when unknown: nothing committed yet, or some
+    /// lane never committed. The default is an error, not `None`: a sink that cannot answer
+    /// would otherwise make such a source start over (or, told to take no snapshot, skip
+    /// what was committed while it was down).
+    fn durable_frontier(&self, lanes: u32) -> BoxFuture<'_, Result<Option<Position>, SinkError>> {
+        let _ = lanes;
+        let message = format!(
+            "sink {} cannot report the durable frontier a source without an upstream cursor \
+             (source/sqlserver) resumes from",
+            self.name()
+        );
+        Box::pin(async move { Err(SinkError::fatal(message)) })
+    }
+
+    /// Everything at or below `frontier` is durable in every sink: raise each of the `lanes`
+    /// lane checkpoints that is lower to `frontier` (never lower one), so lanes that receive
+    /// nothing do not hold [`SinkConnector::durable_frontier`] back. Default: nothing.
+    fn advance_frontier(
+        &self,
+        lanes: u32,
+        frontier: Position,
+    ) -> BoxFuture<'_, Result<(), SinkError>> {
+        let _ = (lanes, frontier);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// What this sink has recorded of the pipeline's initial snapshot (see [`SnapshotState`]).
+    /// Default: an error saying the sink cannot take a snapshot.
+    fn snapshot_state(&self) -> BoxFuture<'_, Result<SnapshotState, SinkError>> {
+        let err = snapshot::unsupported(self.name());
+        Box::pin(async move { Err(err) })
+    }
+
+    /// Forget any earlier snapshot of this pipeline and record a pending one planned as
+    /// `chunks`, none loaded (empty `chunks`: pending, not planned yet). Loaded rows stay.
+    fn snapshot_begin<'a>(
+        &'a self,
+        chunks: &'a [SnapshotChunk],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        let _ = chunks;
+        let err = snapshot::unsupported(self.name());
+        Box::pin(async move { Err(err) })
+    }
+
+    /// Remove every row of the sink tables of `tables`: Zipline had to create the slot
+    /// again, so what an earlier snapshot or stream of this pipeline left may hold rows the
+    /// source deleted meanwhile, which no stream carries; the new snapshot copies it all.
+    fn snapshot_clear<'a>(
+        &'a self,
+        tables: &'a [Arc<Table>],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        let _ = tables;
+        let err = snapshot::unsupported(self.name());
+        Box::pin(async move { Err(err) })
+    }
+
+    /// Write `changes` — whole-row inserts (`Op::Insert`, no `Value::Unchanged`) of one or
+    /// more tables, at most one per key — replacing any row with the same key, and mark
+    /// `chunk` loaded, in one transaction: after `Ok` both are durable, after `Err` neither is
+    /// visible. May be called concurrently (one call per chunk); the sink uses connections of
+    /// its own, not the lanes'.
+    fn snapshot_load<'a>(
+        &'a self,
+        chunk: &'a SnapshotChunk,
+        changes: &'a [Arc<Change>],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        let _ = (chunk, changes);
+        let err = snapshot::unsupported(self.name());
+        Box::pin(async move { Err(err) })
+    }
+
+    /// [`SinkConnector::snapshot_load`] for rows of one table as read from the source (the
+    /// common case: no transform), so a sink can write them without building a change per
+    /// row. The default builds the changes and calls `snapshot_load`.
+    fn snapshot_load_rows<'a>(
+        &'a self,
+        chunk: &'a SnapshotChunk,
+        table: &'a Arc<Table>,
+        rows: &'a [Vec<crate::change::Value>],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        let changes: Vec<Arc<Change>> = rows
+            .iter()
+            .map(|values| {
+                Arc::new(Change {
+                    position: Position::default(),
+                    op: crate::change::Op::Insert,
+                    table: table.clone(),
+                    key: table.key.iter().map(|&i| values[i].clone()).collect(),
+                    old_key: None,
+                    values: values.clone(),
+                })
+            })
+            .collect();
+        Box::pin(async move { self.snapshot_load(chunk, &changes).await })
+    }
+
+    /// Record the snapshot as complete (every chunk loaded into every sink).
+    fn snapshot_finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        let err = snapshot::unsupported(self.name());
+        Box::pin(async move { Err(err) })
+    }
 }
 
 /// One lane's writer.

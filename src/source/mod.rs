@@ -18,6 +18,7 @@ use crate::lane::{Ack, Router};
 use crate::sink::BoxFuture;
 
 pub mod postgres;
+pub mod sqlserver;
 
 /// An error from the source, classified by what the runtime does next.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +75,9 @@ pub struct Outputs {
     pub routers: Vec<Router>,
     /// Acks from every lane of every sink. Closes when all lanes have finished.
     pub acks: mpsc::UnboundedReceiver<Ack>,
+    /// The route's transform: changes pass through it before routing (lanes are chosen on
+    /// the transformed key). `None` when the route has none.
+    pub transform: Option<crate::transform::RouteTransform>,
 }
 
 /// Counters for the progress report.

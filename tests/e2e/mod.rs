@@ -12,12 +12,15 @@
 //!   first differing rows.
 //! - [`workload`]: the randomized concurrent writer.
 //!
-//! Zipline takes no snapshot yet: tables start empty (or identical) on both sides, and the
-//! workload starts only once the slot is streaming ([`wait_streaming`]).
+//! Most tests start with empty (or identical) tables on both sides and the workload once the
+//! slot is streaming ([`wait_streaming`]: after the initial snapshot); [`snapshot`] has the
+//! helpers of the snapshot tests.
 
 // Each test binary uses a different subset of these helpers.
 #![allow(dead_code)]
 
+pub mod pg;
+pub mod snapshot;
 pub mod workload;
 
 use std::collections::BTreeMap;

@@ -21,11 +21,12 @@
 //!
 //! Sink tables are `<database>.<source table name>`: the source schema is dropped.
 
-mod coalesce;
+use super::coalesce;
 mod errors;
 pub(crate) mod literal;
 mod plan;
 mod schema;
+mod snapshot;
 
 use std::fmt;
 use std::sync::Arc;
@@ -98,6 +99,8 @@ struct Shared {
 /// A configured MySQL/MariaDB sink.
 pub struct MysqlConnector {
     shared: Arc<Shared>,
+    /// Connections for initial snapshot chunks.
+    snapshot: snapshot::Loader,
 }
 
 impl fmt::Debug for MysqlConnector {
@@ -127,6 +130,7 @@ impl MysqlConnector {
                 options: opts,
                 mysql,
             }),
+            snapshot: snapshot::Loader::default(),
         }
     }
 }
@@ -250,6 +254,96 @@ impl SinkConnector for MysqlConnector {
                 in_tx: false,
             }) as Box<dyn LaneSink>)
         })
+    }
+
+    fn durable_frontier(&self, lanes: u32) -> BoxFuture<'_, Result<Option<Position>, SinkError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            let mut conn = shared.connect().await?;
+            let key = shared.lane_key(0, lanes);
+            let result = checkpoint::mysql::frontier(&mut conn, &shared.options.database, &key)
+                .await
+                .map_err(|e| {
+                    sink_error(
+                        shared.sink(),
+                        &format!("reading the durable frontier from {}", checkpoint::TABLE),
+                        &e,
+                    )
+                });
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
+    fn advance_frontier(
+        &self,
+        lanes: u32,
+        frontier: Position,
+    ) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            let mut conn = shared.connect().await?;
+            let mut sql = String::new();
+            checkpoint::mysql::push_advance(
+                &mut sql,
+                &shared.options.database,
+                &shared.lane_key(0, lanes),
+                frontier,
+            );
+            let result = conn.query_drop(sql).await.map_err(|e| {
+                sink_error(
+                    shared.sink(),
+                    &format!(
+                        "raising idle lanes' checkpoints in {} to {frontier}",
+                        checkpoint::TABLE
+                    ),
+                    &e,
+                )
+            });
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
+    fn snapshot_state(&self) -> BoxFuture<'_, Result<super::SnapshotState, SinkError>> {
+        Box::pin(snapshot::state(&self.shared))
+    }
+
+    fn snapshot_begin<'a>(
+        &'a self,
+        chunks: &'a [super::SnapshotChunk],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(snapshot::begin(&self.shared, chunks))
+    }
+
+    fn snapshot_clear<'a>(
+        &'a self,
+        tables: &'a [Arc<Table>],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(snapshot::clear(&self.shared, tables))
+    }
+
+    fn snapshot_load<'a>(
+        &'a self,
+        chunk: &'a super::SnapshotChunk,
+        changes: &'a [Arc<Change>],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        let input = snapshot::Input::Changes(changes);
+        Box::pin(snapshot::load(&self.shared, &self.snapshot, chunk, input))
+    }
+
+    fn snapshot_load_rows<'a>(
+        &'a self,
+        chunk: &'a super::SnapshotChunk,
+        table: &'a Arc<Table>,
+        rows: &'a [Vec<Value>],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        let input = snapshot::Input::Rows(table, rows);
+        Box::pin(snapshot::load(&self.shared, &self.snapshot, chunk, input))
+    }
+
+    fn snapshot_finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(snapshot::finish(&self.shared))
     }
 }
 

@@ -377,7 +377,7 @@ impl RowKey for Row<'_> {
     }
 }
 
-fn key_text<'v>(shape: &Table, key: impl IntoIterator<Item = &'v Value>) -> String {
+pub(super) fn key_text<'v>(shape: &Table, key: impl IntoIterator<Item = &'v Value>) -> String {
     let mut out = String::from("(");
     for (n, &i) in shape.key.iter().enumerate() {
         if n > 0 {

@@ -280,6 +280,12 @@ impl ReplicationConn {
         }
     }
 
+    /// Say goodbye (Terminate) and close, ignoring errors: the socket closes either way.
+    pub(crate) async fn close(mut self) {
+        frontend::terminate(&mut self.wbuf);
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.flush()).await;
+    }
+
     /// Send `START_REPLICATION` and switch to streaming.
     pub(crate) async fn start_replication(
         mut self,

@@ -9,14 +9,15 @@ mod conn;
 pub(crate) mod pgoutput;
 mod replication;
 mod setup;
+mod snapshot;
 mod spill;
 pub(crate) mod types;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::change::Table;
-use crate::sink::BoxFuture;
+use crate::change::{Lsn, Table};
+use crate::sink::{BoxFuture, SinkConnector};
 use crate::source::{Outputs, Source, SourceError, SourceStats, StopMode};
 
 /// What the source needs to know; built from the pipeline file.
@@ -71,11 +72,45 @@ impl std::fmt::Debug for PostgresSourceOptions {
     }
 }
 
+/// How the initial snapshot runs (`snapshot: initial`); see the `snapshot` module.
+pub struct PostgresSnapshotOptions {
+    /// Reader connections (and concurrent chunk loads).
+    pub parallelism: u32,
+    /// Target rows per chunk.
+    pub chunk_rows: u64,
+    /// Period of the progress log lines.
+    pub progress_interval: Duration,
+    /// The route's sinks, as connector instances of the source's own: they record the
+    /// snapshot's progress and take its rows.
+    pub sinks: Vec<Box<dyn SinkConnector>>,
+    /// The route has a transform (sink tables are then not the source tables).
+    pub transformed: bool,
+}
+
+impl std::fmt::Debug for PostgresSnapshotOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresSnapshotOptions")
+            .field("parallelism", &self.parallelism)
+            .field("chunk_rows", &self.chunk_rows)
+            .field(
+                "sinks",
+                &self.sinks.iter().map(|s| s.name()).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
 /// A PostgreSQL source, between preflight and streaming.
 #[derive(Debug)]
 pub struct PostgresSource {
     opts: PostgresSourceOptions,
     tables: Vec<Arc<Table>>,
+    /// `None` with `snapshot: never`.
+    snapshot: Option<snapshot::Setup>,
+    /// Set by `prepare` when it created the slot with an exported snapshot.
+    exported: Option<snapshot::Exported>,
+    /// The slot's position when `prepare` found or created it (stamped on snapshot rows).
+    slot_lsn: Lsn,
 }
 
 impl PostgresSource {
@@ -107,7 +142,26 @@ impl PostgresSource {
         if tables.is_empty() {
             tracing::warn!(connector = %opts.connector, publication = %opts.publication, "no tables to replicate yet");
         }
-        Ok(PostgresSource { opts, tables })
+        Ok(PostgresSource {
+            opts,
+            tables,
+            snapshot: None,
+            exported: None,
+            slot_lsn: Lsn(0),
+        })
+    }
+
+    /// Take an initial snapshot when `prepare` creates the slot (`snapshot: initial`), and
+    /// resume one a sink records as interrupted.
+    pub fn with_snapshot(mut self, options: PostgresSnapshotOptions) -> Self {
+        self.snapshot = Some(snapshot::Setup {
+            parallelism: options.parallelism,
+            chunk_rows: options.chunk_rows,
+            progress_interval: options.progress_interval,
+            sinks: options.sinks,
+            transformed: options.transformed,
+        });
+        self
     }
 
     /// The tables this source publishes, as preflight found them.
@@ -116,8 +170,9 @@ impl PostgresSource {
     }
 
     /// Create the publication and the slot when absent. Call after every sink has accepted
-    /// the tables, so that a bad configuration never leaves a slot behind.
-    pub async fn ensure_publication_and_slot(&self) -> Result<(), SourceError> {
+    /// the tables, so that a bad configuration never leaves a slot behind. With a snapshot to
+    /// take, the sinks record it as pending first and the slot exports its snapshot.
+    pub async fn ensure_publication_and_slot(&mut self) -> Result<(), SourceError> {
         let params = Self::connect_params(&self.opts);
         let client = setup::connect_sql(&params, self.opts.connect_retries).await?;
         setup::ensure_publication(
@@ -130,13 +185,26 @@ impl PostgresSource {
         match setup::find_slot(&client, &self.opts.slot_name, &self.opts.database).await? {
             Some(slot) => {
                 tracing::info!(slot = %self.opts.slot_name, confirmed_flush = slot.confirmed_flush.as_deref().unwrap_or("none"), "resuming from existing slot");
+                self.slot_lsn = slot
+                    .confirmed_flush
+                    .as_deref()
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or_default();
             }
             None => {
+                if let Some(setup) = &self.snapshot {
+                    snapshot::begin(&self.opts.connector, setup, &self.tables).await?;
+                }
                 let mut repl = conn::ReplicationConn::connect(&params)
                     .await
                     .map_err(|e| SourceError::transient(format!("replication connection: {e}")))?;
+                let export = if self.snapshot.is_some() {
+                    "EXPORT_SNAPSHOT"
+                } else {
+                    "NOEXPORT_SNAPSHOT"
+                };
                 let sql = format!(
-                    "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput NOEXPORT_SNAPSHOT",
+                    "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput {export}",
                     quote_ident(&self.opts.slot_name)
                 );
                 let rows = repl.simple_query(&sql).await.map_err(|e| {
@@ -145,11 +213,20 @@ impl PostgresSource {
                         self.opts.slot_name
                     ))
                 })?;
-                let point = rows
-                    .first()
-                    .and_then(|r| r.get(1).cloned().flatten())
-                    .unwrap_or_default();
+                // Columns: slot_name, consistent_point, snapshot_name, output_plugin.
+                let column = |i: usize| rows.first().and_then(|r| r.get(i).cloned().flatten());
+                let point = column(1).unwrap_or_default();
                 tracing::info!(slot = %self.opts.slot_name, consistent_point = %point, "created replication slot");
+                self.slot_lsn = point.parse().unwrap_or_default();
+                if self.snapshot.is_some() {
+                    let name = column(2).ok_or_else(|| {
+                        SourceError::fatal(format!(
+                            "{}: creating slot {} exported no snapshot",
+                            self.opts.connector, self.opts.slot_name
+                        ))
+                    })?;
+                    self.exported = Some(snapshot::Exported { conn: repl, name });
+                }
             }
         }
         Ok(())
@@ -177,7 +254,29 @@ impl Source for PostgresSource {
     ) -> BoxFuture<'static, Result<(), SourceError>> {
         Box::pin(async move {
             let params = Self::connect_params(&self.opts);
-            replication::run(&self.opts, params, outputs, stop, stats).await
+            let mut this = *self;
+            let (mut outputs, mut stop) = (outputs, stop);
+            if let Some(setup) = this.snapshot.take() {
+                let cx = snapshot::Context {
+                    opts: &this.opts,
+                    params: &params,
+                    tables: &this.tables,
+                    lsn: this.slot_lsn,
+                };
+                let outcome = snapshot::run(
+                    cx,
+                    setup,
+                    this.exported.take(),
+                    &mut outputs.transform,
+                    &mut stop,
+                )
+                .await?;
+                if outcome == snapshot::Outcome::Stopped {
+                    // Dropping the outputs closes the (idle) lanes.
+                    return Ok(());
+                }
+            }
+            replication::run(&this.opts, params, outputs, stop, stats).await
         })
     }
 }

@@ -33,6 +33,8 @@ use crate::error::{Classify, ErrorClass};
 use crate::lane::{AckTracker, lane_of, needs_barrier, plan};
 use crate::source::{Outputs, SourceError, SourceStats, StopMode};
 
+mod staged;
+
 /// Reconnect attempts in a row before a lost stream becomes fatal (≈5 minutes of backoff).
 const MAX_RECONNECTS: u32 = 60;
 /// Send a status update at most this often when only the frontier moved.
@@ -52,6 +54,8 @@ struct State<'a> {
     ticker: tokio::time::Interval,
     /// When the socket last gave us a message (or we last came back to reading it).
     last_heard: Instant,
+    /// Changes and markers waiting for the route's transform (see `staged`).
+    staged: staged::Staged,
     /// Transactions the server streams before they commit (protocol version 2).
     spill: Spill,
     /// The top-level xid of the stream block being received, between Stream Start and Stop.
@@ -68,6 +72,8 @@ enum Event {
     Acks,
     Tick,
     Msg(Result<ReplMessage, ConnError>),
+    /// The socket has nothing to read right now: transform what is staged.
+    Flush,
 }
 
 enum Flow {
@@ -98,6 +104,7 @@ pub(crate) async fn run(
         last_report: Instant::now(),
         ticker,
         last_heard: Instant::now(),
+        staged: staged::Staged::default(),
         spill: Spill::new(&opts.spill_dir).map_err(|e| {
             SourceError::fatal(format!(
                 "{}: cannot use spill directory {}: {e}",
@@ -132,6 +139,7 @@ pub(crate) async fn run(
         }
         st.tracker.abandon_open();
         st.tx = None;
+        st.staged.clear();
         st.relations = Relations::default();
         st.streaming = None;
         st.spill.reset().map_err(|e| spill_error(st.opts, &e))?;
@@ -192,6 +200,7 @@ async fn session(st: &mut State<'_>, params: &ConnectParams) -> Result<(), Sourc
             Some(ack) = st.outputs.acks.recv() => { st.tracker.ack(&ack); Event::Acks }
             _ = st.ticker.tick() => Event::Tick,
             msg = stream.recv() => Event::Msg(msg),
+            () = std::future::ready(()), if !st.staged.is_empty() => Event::Flush,
         };
         let flow = match event {
             Event::Stop => on_stop(st, &mut stream).await?,
@@ -208,6 +217,11 @@ async fn session(st: &mut State<'_>, params: &ConnectParams) -> Result<(), Sourc
                 let flow =
                     on_message(st, &mut stream, msg.map_err(|e| conn_error(opts, e))?).await?;
                 // Time spent waiting for lane capacity is not the server's silence.
+                st.last_heard = Instant::now();
+                flow
+            }
+            Event::Flush => {
+                let flow = staged::flush(st, &mut stream).await?;
                 st.last_heard = Instant::now();
                 flow
             }
@@ -240,6 +254,11 @@ async fn on_stop(st: &mut State<'_>, stream: &mut ReplicationStream) -> Result<F
             Ok(Flow::Stopped)
         }
         StopMode::Drain => {
+            // What waits for the transform is received: deliver it before closing the lanes.
+            // (Boxed: flushing dispatches, and dispatching may stop, which lands here again.)
+            if let Flow::Stopped = Box::pin(staged::flush(st, stream)).await? {
+                return Ok(Flow::Stopped);
+            }
             tracing::info!(connector = %st.opts.connector, in_flight = st.tracker.in_flight(), "draining lanes");
             // Closing the queues lets each lane commit what it holds and exit.
             st.outputs.routers.clear();
@@ -329,6 +348,10 @@ async fn on_message(
     match msg {
         ReplMessage::Keepalive { wal_end, reply } => {
             st.received = st.received.max(wal_end);
+            // Staged transactions must reach the tracker before it may call itself idle.
+            if let Flow::Stopped = staged::flush(st, stream).await? {
+                return Ok(Flow::Stopped);
+            }
             if st.tx.is_none() {
                 st.tracker.idle_advance(wal_end);
             }
@@ -368,17 +391,8 @@ async fn on_pgoutput(
             final_lsn,
             commit_time,
             ..
-        } => {
-            st.tracker.begin(final_lsn, commit_time);
-            st.tx = Some(OpenTx {
-                lsn: final_lsn,
-                ordinal: 0,
-            });
-        }
-        PgOutput::Commit { end_lsn, .. } => {
-            st.tracker.commit(end_lsn);
-            st.tx = None;
-        }
+        } => begin_tx(st, final_lsn, commit_time),
+        PgOutput::Commit { end_lsn, .. } => commit_tx(st, end_lsn),
         PgOutput::StreamStart { xid, .. } => st.streaming = Some(xid),
         PgOutput::StreamStop => st.streaming = None,
         PgOutput::StreamAbort { xid, subxid } => {
@@ -403,6 +417,27 @@ async fn on_pgoutput(
     Ok(Flow::Continue)
 }
 
+fn begin_tx(st: &mut State<'_>, commit_lsn: Lsn, commit_time: i64) {
+    if staged::active(st) {
+        st.staged.begin(commit_lsn, commit_time);
+    } else {
+        st.tracker.begin(commit_lsn, commit_time);
+    }
+    st.tx = Some(OpenTx {
+        lsn: commit_lsn,
+        ordinal: 0,
+    });
+}
+
+fn commit_tx(st: &mut State<'_>, end_lsn: Lsn) {
+    if staged::active(st) {
+        st.staged.commit(end_lsn);
+    } else {
+        st.tracker.commit(end_lsn);
+    }
+    st.tx = None;
+}
+
 /// A streamed transaction committed: replay its spilled messages as one ordinary transaction,
 /// with the table shapes its own Relation messages announced.
 async fn replay_streamed(
@@ -414,11 +449,7 @@ async fn replay_streamed(
     commit_time: i64,
 ) -> Result<Flow, SourceError> {
     let mut reader = st.spill.finish(xid).map_err(|e| spill_error(st.opts, &e))?;
-    st.tracker.begin(commit_lsn, commit_time);
-    st.tx = Some(OpenTx {
-        lsn: commit_lsn,
-        ordinal: 0,
-    });
+    begin_tx(st, commit_lsn, commit_time);
     let mut relations = std::mem::take(&mut st.relations);
     let mut flow = Flow::Continue;
     loop {
@@ -443,8 +474,7 @@ async fn replay_streamed(
     }
     st.relations = relations;
     if let Flow::Continue = flow {
-        st.tracker.commit(end_lsn);
-        st.tx = None;
+        commit_tx(st, end_lsn);
     }
     Ok(flow)
 }
@@ -483,6 +513,10 @@ async fn on_data(
                 .build_change(msg, position)
                 .map_err(|e| change_error(st, &e))?;
             st.stats.received.fetch_add(1, Ordering::Relaxed);
+            if staged::active(st) {
+                // Barriers are decided on what the transform makes of the change.
+                return staged::push(st, stream, change).await;
+            }
             let barrier = st
                 .outputs
                 .routers
@@ -501,7 +535,12 @@ async fn on_data(
                     .build_truncate(rel_id, position)
                     .map_err(|e| change_error(st, &e))?;
                 st.stats.received.fetch_add(1, Ordering::Relaxed);
-                if let Flow::Stopped = barrier_send(st, stream, change).await? {
+                let flow = if staged::active(st) {
+                    staged::push(st, stream, change).await?
+                } else {
+                    barrier_send(st, stream, change).await?
+                };
+                if let Flow::Stopped = flow {
                     return Ok(Flow::Stopped);
                 }
             }

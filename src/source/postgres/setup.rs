@@ -19,6 +19,15 @@ pub(crate) async fn connect_sql(
     params: &ConnectParams,
     retries: u32,
 ) -> Result<Client, SourceError> {
+    connect_sql_with(params, retries, None).await
+}
+
+/// [`connect_sql`] with session settings (`-c name=value …`, the `options` startup parameter).
+pub(crate) async fn connect_sql_with(
+    params: &ConnectParams,
+    retries: u32,
+    options: Option<&str>,
+) -> Result<Client, SourceError> {
     let mut cfg = tokio_postgres::Config::new();
     cfg.host(&params.host)
         .port(params.port)
@@ -26,6 +35,9 @@ pub(crate) async fn connect_sql(
         .dbname(&params.database)
         .application_name("zipline")
         .connect_timeout(params.connect_timeout);
+    if let Some(options) = options {
+        cfg.options(options);
+    }
     if let Some(pw) = &params.password {
         cfg.password(pw);
     }

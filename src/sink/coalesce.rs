@@ -6,8 +6,10 @@
 //! truncate drops everything planned for its table and marks the table to be emptied first.
 //! An update whose row holds [`Value::Unchanged`] (a TOASTed column the update did not touch)
 //! takes those columns from an earlier upsert of the same key in the batch when there is one;
-//! otherwise the columns stay unchanged and [`super::plan`] leaves them out of the statement so
-//! the sink keeps its stored value.
+//! otherwise the columns stay unchanged and the sink's statement builder (`mysql::plan`,
+//! `postgres::sql`) leaves them out of the statement so the sink keeps its stored value.
+//!
+//! Sink-independent: shared by every SQL sink.
 //!
 //! The surviving effects are grouped per table, in the order of their last change: deletes by
 //! key-column list, upserts by shape and set of unchanged columns (each group becomes one
@@ -41,6 +43,11 @@ pub(super) struct UpsertGroup<'a> {
     /// Per column: left out because every row of the group has it unchanged.
     pub(super) omit: Vec<bool>,
     pub(super) rows: Vec<Row<'a>>,
+    /// Per row: the batch's first change to the row's key was an insert, so a sink that was
+    /// in step with the source before the batch does not have the key. Such rows may be
+    /// written with a plain INSERT, upserting only if that meets the key after all (a
+    /// replayed batch).
+    pub(super) fresh: Vec<bool>,
 }
 
 /// A whole row of values in column order.
@@ -63,6 +70,8 @@ struct Entry<'a> {
     seq: usize,
     shape: &'a Table,
     upsert: Option<Row<'a>>,
+    /// The batch's first change to this key was an insert (see [`UpsertGroup::fresh`]).
+    fresh: bool,
 }
 
 /// Key values compared and hashed structurally (floats by bit pattern), borrowed from a change.
@@ -165,13 +174,21 @@ pub(super) fn coalesce<'a>(
             continue;
         }
         check_key(sink, change, &change.key)?;
+        // Whether a key was fresh is decided by its first change in the batch.
+        let fresh = |entries: &HashMap<(usize, KeyRef<'a>), Entry<'a>>, key, first: bool| {
+            entries
+                .get(&(t, key))
+                .map_or(first, |e: &Entry<'a>| e.fresh)
+        };
         if change.op == Op::Delete {
+            let key = KeyRef(&change.key);
             let entry = Entry {
                 seq,
                 shape,
                 upsert: None,
+                fresh: fresh(&entries, key, false),
             };
-            entries.insert((t, KeyRef(&change.key)), entry);
+            entries.insert((t, key), entry);
             continue;
         }
         if change.values.len() != shape.columns.len() {
@@ -195,6 +212,7 @@ pub(super) fn coalesce<'a>(
                 seq,
                 shape,
                 upsert: None,
+                fresh: fresh(&entries, KeyRef(old), false),
             };
             moved_from = Some(entries.insert((t, KeyRef(old)), entry));
         }
@@ -208,12 +226,14 @@ pub(super) fn coalesce<'a>(
         } else {
             Row::Borrowed(&change.values)
         };
+        let fresh = fresh(&entries, key.1, change.op == Op::Insert);
         entries.insert(
             key,
             Entry {
                 seq,
                 shape,
                 upsert: Some(row),
+                fresh,
             },
         );
     }
@@ -241,13 +261,17 @@ pub(super) fn coalesce<'a>(
                         && g.omit.iter().enumerate().all(|(i, &o)| o == unchanged(i))
                 });
                 match found {
-                    Some(group) => group.rows.push(row),
+                    Some(group) => {
+                        group.rows.push(row);
+                        group.fresh.push(entry.fresh);
+                    }
                     None => {
                         let omit = (0..entry.shape.columns.len()).map(unchanged).collect();
                         plan.upserts.push(UpsertGroup {
                             shape: entry.shape,
                             omit,
                             rows: vec![row],
+                            fresh: vec![entry.fresh],
                         });
                     }
                 }
@@ -321,7 +345,7 @@ fn merge_unchanged<'a>(change: &'a Change, earlier: Option<&Entry<'a>>) -> Row<'
     }
 }
 
-/// Tables and changes for the tests of this module and [`super::plan`].
+/// Tables and changes for the tests of this module and of the sinks' statement builders.
 #[cfg(test)]
 pub(super) mod fixtures {
     use std::sync::Arc;
@@ -443,6 +467,57 @@ mod tests {
             orders.upserts[0].rows[1].values()[1],
             Value::Text("a2".into())
         );
+    }
+
+    #[test]
+    fn rows_first_inserted_in_the_batch_are_fresh() {
+        let t = orders();
+        let insert = |c: &mut Changes, id: i32| {
+            let v = vec![Value::Int4(id), Value::Null, Value::Int8(1)];
+            c.push(Op::Insert, &t, vec![Value::Int4(id)], None, v);
+        };
+        let mut c = Changes::new();
+        // 1: inserted then updated (fresh); 2: updated then deleted and inserted (not: the
+        // sink has it); 3: inserted, deleted, inserted (fresh); 4: moved to 5 after 5 was
+        // inserted (5 fresh, whatever the later change); 6: a plain update.
+        insert(&mut c, 1);
+        c.upsert(&t, 1, "a", 2).upsert(&t, 2, "b", 1).delete(&t, 2);
+        insert(&mut c, 2);
+        insert(&mut c, 3);
+        c.delete(&t, 3);
+        insert(&mut c, 3);
+        insert(&mut c, 5);
+        c.delete(&t, 5);
+        c.push(
+            Op::Update,
+            &t,
+            vec![Value::Int4(5)],
+            Some(vec![Value::Int4(4)]),
+            vec![Value::Int4(5), Value::Null, Value::Int8(9)],
+        );
+        c.upsert(&t, 6, "f", 1);
+        let tables = coalesce(&c.list, "out").unwrap();
+        let group = &tables[0].upserts[0];
+        let fresh: Vec<(i32, bool)> = group
+            .rows
+            .iter()
+            .zip(&group.fresh)
+            .map(|(r, &f)| match r.values()[0] {
+                Value::Int4(id) => (id, f),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            fresh,
+            [(1, true), (2, false), (3, true), (5, true), (6, false)]
+        );
+        // After a truncate every key is absent: first touches decide again.
+        let mut c = Changes::new();
+        c.upsert(&t, 7, "g", 1);
+        c.push(Op::Truncate, &t, vec![], None, vec![]);
+        insert(&mut c, 7);
+        let tables = coalesce(&c.list, "out").unwrap();
+        assert_eq!(tables[0].upserts[0].fresh, [true]);
     }
 
     #[test]

@@ -1,0 +1,383 @@
+//! Transform benchmark (not a timed test: it prints figures and checks only correctness).
+//!
+//! 1. **Per-change cost** on batches of 1,000 changes of an 8-column table, through the whole
+//!    host path (conversion to WIT, the call, output checks, conversion back): a pass-through
+//!    and a masking transform, in Rust (`guest-examples/rust-mask`) and JavaScript
+//!    (`guest-examples/js-mask`), next to the same logic written natively in the host.
+//! 2. **Pipeline throughput**: a backlog of changes (default 200,000; 100 per transaction:
+//!    60 inserts, 30 updates, 10 deletes) replayed PostgreSQL → MariaDB by `zipline pipeline
+//!    apply` twice in one run, from two slots created before the backlog: without a
+//!    transform, then with the Rust masking transform; changes/s of each and the ratio.
+//!
+//! `cargo bench --bench transform` (env: `ZIPLINE_BENCH_CHANGES`, `ZIPLINE_BENCH_BATCHES`,
+//! `ZIPLINE_BENCH_GUESTS=rust,javascript`, `ZIPLINE_BENCH_SKIP_PIPELINE=1`). Needs the guests in `target/guests/` (`.ci/run guests`);
+//! a missing JavaScript guest is reported and skipped.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use zipline::change::{Change, Column, Lsn, Op, Position, Table, Value};
+use zipline::config::{OnError, TransformLimits, TransformSpec};
+use zipline::transform::Transformer;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn guest(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("target/guests/{name}.wasm"))
+}
+
+fn table() -> Arc<Table> {
+    let col = |name: &str, type_oid, is_key| Column {
+        name: name.into(),
+        type_oid,
+        type_modifier: -1,
+        is_key,
+    };
+    Arc::new(Table::new(
+        "public".into(),
+        "customers".into(),
+        vec![
+            col("id", 20, true),
+            col("email", 25, false),
+            col("name", 25, false),
+            col("amount", 1700, false),
+            col("status", 1043, false),
+            col("created_at", 1184, false),
+            col("vip", 16, false),
+            col("note", 25, false),
+        ],
+    ))
+}
+
+fn batch(n: usize) -> Vec<Change> {
+    let t = table();
+    (0..n)
+        .map(|i| {
+            let id = i as i64 + 1;
+            Change {
+                position: Position::new(Lsn(0x1000 + (i as u128 / 100)), (i % 100) as u32 + 1),
+                op: if i % 10 == 9 { Op::Update } else { Op::Insert },
+                table: t.clone(),
+                key: vec![Value::Int8(id)],
+                old_key: None,
+                values: vec![
+                    Value::Int8(id),
+                    Value::Text(format!("customer{id}@example.com")),
+                    Value::Text(format!("Customer Number {id}")),
+                    Value::Numeric(format!("{}.{:02}", id * 7, id % 100)),
+                    Value::Text("active".into()),
+                    Value::TimestampTz(1_700_000_000_000_000 + id),
+                    Value::Bool(id % 2 == 0),
+                    Value::Text("a short note about this customer".into()),
+                ],
+            }
+        })
+        .collect()
+}
+
+/// rust-mask's rule, natively.
+fn mask_text(s: &str) -> String {
+    let Some(first) = s.chars().next() else {
+        return String::new();
+    };
+    let mut out = String::with_capacity(8 + s.len().min(64));
+    out.push(first);
+    out.push_str("***");
+    if let Some(at) = s.rfind('@') {
+        out.push_str(&s[at..]);
+    }
+    out
+}
+
+fn native_pass(changes: Vec<Change>) -> Vec<(usize, Change)> {
+    changes.into_iter().enumerate().collect()
+}
+
+fn native_mask(changes: Vec<Change>) -> Vec<(usize, Change)> {
+    changes
+        .into_iter()
+        .map(|mut c| {
+            let masked: Vec<usize> = c
+                .table
+                .columns
+                .iter()
+                .enumerate()
+                .filter(|(_, col)| col.name == "email")
+                .map(|(i, _)| i)
+                .collect();
+            for i in masked {
+                if let Some(Value::Text(s)) = c.values.get_mut(i) {
+                    *s = mask_text(s);
+                }
+            }
+            c
+        })
+        .enumerate()
+        .collect()
+}
+
+/// Median µs per change over `batches` calls of `f` on fresh copies of `input`.
+fn measure(
+    batches: usize,
+    input: &[Change],
+    mut f: impl FnMut(Vec<Change>) -> Vec<(usize, Change)>,
+) -> (f64, Vec<(usize, Change)>) {
+    let mut last = Vec::new();
+    for _ in 0..3 {
+        last = f(input.to_vec());
+    }
+    let mut samples = Vec::with_capacity(batches);
+    for _ in 0..batches {
+        let copy = input.to_vec();
+        let started = Instant::now();
+        let out = f(copy);
+        samples.push(started.elapsed().as_secs_f64() * 1e6 / input.len() as f64);
+        // Dropping the output is the sink's business, not the transform's: outside the timing.
+        last = out;
+    }
+    samples.sort_by(f64::total_cmp);
+    (samples[samples.len() / 2], last)
+}
+
+fn spec(module: &str, config: &[(&str, &str)]) -> TransformSpec {
+    TransformSpec {
+        module: guest(module),
+        module_label: format!("{module}.wasm"),
+        config: config
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        limits: TransformLimits {
+            memory: 256 << 20,
+            timeout: Duration::from_secs(10),
+            output: 256 << 20,
+        },
+        on_error: OnError::Halt,
+        dead_letter: std::env::temp_dir().join("zipline-bench.deadletter.jsonl"),
+        batch_size: 1000,
+    }
+}
+
+fn per_change(batches: usize) {
+    let input = batch(1000);
+    println!(
+        "per-change cost, batches of {} changes, 8 columns (median of {batches} batches):",
+        input.len()
+    );
+    let (pass, _) = measure(batches, &input, native_pass);
+    let (mask, masked) = measure(batches, &input, native_mask);
+    println!("  native      pass-through {pass:>8.3} µs/change   mask {mask:>8.3} µs/change");
+    type Config<'a> = &'a [(&'a str, &'a str)];
+    let guests: [(&str, &str, Config, Config); 2] = [
+        ("Rust", "rust-mask", &[], &[("columns", "email")]),
+        (
+            "JavaScript",
+            "js-mask",
+            &[("columns", "no_such_column")],
+            &[("columns", "email")],
+        ),
+    ];
+    let only = std::env::var("ZIPLINE_BENCH_GUESTS").unwrap_or_default();
+    for (lang, module, pass_cfg, mask_cfg) in guests {
+        if !only.is_empty() && !only.split(',').any(|g| lang.eq_ignore_ascii_case(g)) {
+            continue;
+        }
+        if !guest(module).exists() {
+            println!(
+                "  {lang:<11} skipped: {} not built (`.ci/run guests`)",
+                guest(module).display()
+            );
+            continue;
+        }
+        let loaded = Instant::now();
+        let mut t =
+            Transformer::new("bench", &spec(module, pass_cfg)).expect("pass-through transform");
+        let load_ms = loaded.elapsed().as_secs_f64() * 1e3;
+        let (pass, out) = measure(batches, &input, |c| t.transform(c).expect("transform"));
+        assert_eq!(out.len(), input.len());
+        let mut t = Transformer::new("bench", &spec(module, mask_cfg)).expect("mask transform");
+        let (mask, out) = measure(batches, &input, |c| t.transform(c).expect("transform"));
+        if module == "rust-mask" {
+            assert_eq!(out, masked, "the Rust guest and the native mask disagree");
+        } else {
+            assert!(matches!(&out[0].1.values[1], Value::Text(s) if s.starts_with('*')));
+        }
+        println!(
+            "  {lang:<11} pass-through {pass:>8.3} µs/change   mask {mask:>8.3} µs/change   (load {load_ms:.0} ms)"
+        );
+    }
+}
+
+/// Backlog transactions and the number of row changes they make.
+fn generate(changes: usize) -> (Vec<String>, usize) {
+    let mut txs = Vec::new();
+    let mut count = 0;
+    let mut next = 1i64;
+    let mut live: std::collections::VecDeque<i64> = Default::default();
+    for tx in 0..changes.div_ceil(100) {
+        let inserts: Vec<String> = (0..60)
+            .map(|_| {
+                let id = next;
+                next += 1;
+                live.push_back(id);
+                format!(
+                    "({id}, 'person{id}@example.com', {}, {}.{:02})",
+                    id % 1000,
+                    id % 5000,
+                    id % 100
+                )
+            })
+            .collect();
+        let mut sql = format!(
+            "BEGIN;INSERT INTO items (id, name, qty, price) VALUES {};",
+            inserts.join(",")
+        );
+        count += inserts.len();
+        if live.len() > 200 {
+            count += 40;
+            let upd: Vec<String> = live
+                .iter()
+                .skip(tx % 50)
+                .step_by(3)
+                .take(30)
+                .map(i64::to_string)
+                .collect();
+            sql.push_str(&format!(
+                "UPDATE items SET qty = qty + 1, name = 'u' || name WHERE id IN ({});",
+                upd.join(",")
+            ));
+            let del: Vec<String> = (0..10)
+                .filter_map(|_| live.pop_front())
+                .map(|i| i.to_string())
+                .collect();
+            sql.push_str(&format!(
+                "DELETE FROM items WHERE id IN ({});",
+                del.join(",")
+            ));
+        }
+        sql.push_str("COMMIT;");
+        txs.push(sql);
+    }
+    (txs, count)
+}
+
+async fn pipeline(changes: usize) {
+    let pg = common::Postgres::start();
+    let my = common::MariaDb::start();
+    pg.create_database("bench");
+    pg.psql("bench", "CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, price numeric(12,2) NOT NULL)");
+    pg.psql("bench", "CREATE PUBLICATION zbench FOR TABLE items");
+    for slot in ["plain", "wasm"] {
+        pg.psql(
+            "bench",
+            &format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"),
+        );
+        my.create_database(slot);
+        my.sql(slot, "CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NOT NULL, price DECIMAL(12,2) NOT NULL)");
+    }
+    let client = pg.client("bench").await;
+    let (txs, changes) = generate(changes);
+    for sql in &txs {
+        client
+            .batch_execute(sql)
+            .await
+            .expect("backlog transaction");
+    }
+    let end_lsn = pg.psql("bench", "SELECT pg_current_wal_lsn()");
+    println!(
+        "pipeline: backlog of {changes} changes in {} transactions, 4 lanes:",
+        txs.len()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut rates = Vec::new();
+    for slot in ["plain", "wasm"] {
+        let transform = if slot == "wasm" {
+            format!(
+                "    transform:\n      module: {}\n      config: {{ columns: name }}\n",
+                guest("rust-mask").display()
+            )
+        } else {
+            String::new()
+        };
+        let yaml = dir.path().join(format!("{slot}.yaml"));
+        std::fs::write(
+            &yaml,
+            format!(
+                "name: {slot}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: {slot}\n    tables: [public.items]\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: {slot}\n    user: root\n    lanes: 4\nroutes:\n  - from: pg\n    to: [my]\n{transform}",
+                pg.port, my.port
+            ),
+        )
+        .expect("write yaml");
+        let log = std::fs::File::create(dir.path().join(format!("{slot}.log"))).expect("log");
+        let started = Instant::now();
+        let mut child = std::process::Command::new(common::zipline_bin())
+            .args(["pipeline", "apply", "-f"])
+            .arg(&yaml)
+            .stderr(log)
+            .spawn()
+            .expect("spawn zipline");
+        loop {
+            let done = pg.psql("bench", &format!("SELECT confirmed_flush_lsn >= '{end_lsn}' FROM pg_replication_slots WHERE slot_name = '{slot}'"));
+            if done == "t" {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "zipline ({slot}) exited early with {status}: {}",
+                    std::fs::read_to_string(dir.path().join(format!("{slot}.log")))
+                        .unwrap_or_default()
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(1800),
+                "no catch-up in 30 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let secs = started.elapsed().as_secs_f64();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+        let rate = changes as f64 / secs;
+        println!(
+            "  {:<26} {changes} changes in {secs:.2}s = {rate:.0} changes/s",
+            if slot == "wasm" {
+                "with the Rust transform:"
+            } else {
+                "without a transform:"
+            }
+        );
+        rates.push(rate);
+    }
+    println!("  ratio with/without       {:.2}", rates[1] / rates[0]);
+    let count = |db: &str| {
+        my.sql(
+            db,
+            "SELECT CONCAT(COUNT(*), ':', SUM(qty), ':', SUM(name LIKE '%***%')) FROM items",
+        )
+    };
+    let (plain, wasm) = (count("plain"), count("wasm"));
+    println!("  sinks (rows:sum(qty):masked) plain {plain}, wasm {wasm}");
+    assert_eq!(
+        plain.split(':').take(2).collect::<Vec<_>>(),
+        wasm.split(':').take(2).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::main]
+async fn main() {
+    per_change(env_or("ZIPLINE_BENCH_BATCHES", 200));
+    if std::env::var_os("ZIPLINE_BENCH_SKIP_PIPELINE").is_none() {
+        pipeline(env_or("ZIPLINE_BENCH_CHANGES", 200_000)).await;
+    }
+}

@@ -1,0 +1,239 @@
+//! The `sink/postgres` connector's fields, defaults and checks (operator reference:
+//! `docs/connectors/postgres-sink.md`). Fields are read in the order of [`PostgresSink`]; the
+//! first failure is returned.
+
+use std::time::Duration;
+
+use serde_yaml::Value;
+
+use super::LoadOptions;
+use super::fields::{Ctx, Fields, Result, boolean, duration, non_empty, port, positive, retries};
+use super::model::PostgresSink;
+use super::secrets::{SecretRef, secret_field};
+
+/// The `type` value.
+pub(crate) const TYPE: &str = "sink/postgres";
+
+/// Every key a `sink/postgres` entry may have.
+pub(crate) const FIELDS: &[&str] = &[
+    "name",
+    "type",
+    "secret_refs",
+    "host",
+    "port",
+    "database",
+    "user",
+    "password",
+    "schema",
+    "create_tables",
+    "lanes",
+    "batch_size",
+    "max_wait",
+    "queue_capacity",
+    "connect_timeout",
+    "max_retries",
+];
+
+/// PostgreSQL names are at most NAMEDATALEN - 1 = 63 bytes; the server truncates longer ones,
+/// which would make Zipline address a different object than configured.
+const NAME_MAX: usize = 63;
+
+/// Upper bound for batch and queue sizes (as for `sink/mysql`).
+const COUNT_MAX: u64 = u32::MAX as u64;
+
+/// Reads the type's fields (after `name`, `type`, unknown keys and `secret_refs`).
+pub(crate) fn parse(
+    f: &Fields<'_>,
+    refs: &[SecretRef],
+    opts: &LoadOptions,
+) -> Result<PostgresSink> {
+    Ok(PostgresSink {
+        host: f.required("host", &non_empty)?,
+        port: f.optional("port", &port)?.unwrap_or(5432),
+        database: f.required("database", &pg_name)?,
+        user: f.required("user", &non_empty)?,
+        password: secret_field(f, "password", refs, opts)?,
+        schema: f.optional("schema", &pg_name)?,
+        create_tables: f.optional("create_tables", &boolean)?.unwrap_or(false),
+        lanes: f.optional("lanes", &positive::<u32>(256))?.unwrap_or(4),
+        batch_size: f
+            .optional("batch_size", &positive::<usize>(COUNT_MAX))?
+            .unwrap_or(1000),
+        max_wait: f
+            .optional("max_wait", &duration)?
+            .unwrap_or(Duration::from_millis(20)),
+        queue_capacity: f
+            .optional("queue_capacity", &positive::<usize>(COUNT_MAX))?
+            .unwrap_or(4096),
+        connect_timeout: f
+            .optional("connect_timeout", &duration)?
+            .unwrap_or(Duration::from_secs(10)),
+        max_retries: f.optional("max_retries", &retries)?.unwrap_or(10),
+    })
+}
+
+/// A database or schema name.
+fn pg_name(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
+    let s = non_empty(ctx, path, value)?;
+    if s.len() > NAME_MAX {
+        return Err(ctx.err(
+            path,
+            format!(
+                "name is {} bytes; PostgreSQL names are at most {NAME_MAX} bytes",
+                s.len()
+            ),
+        ));
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{ConnectorKind, LoadOptions, Pipeline, load_str};
+    use super::*;
+
+    const HEAD: &str = "\
+name: orders
+connectors:
+  - name: src
+    type: source/postgres
+    host: db
+    database: app
+    user: repl
+    publication: pub
+    slot_name: zipline_orders
+  - name: out
+    type: sink/postgres
+";
+    const TAIL: &str = "routes:\n  - from: src\n    to: [out]\n";
+
+    fn opts(vars: &[(&str, &str)]) -> LoadOptions {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        LoadOptions {
+            secrets_dir: None,
+            env: Box::new(move |name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())),
+        }
+    }
+
+    /// Loads HEAD + `fields` (the sink's fields, from line 12 on) + TAIL.
+    fn load(fields: &str, o: &LoadOptions) -> std::result::Result<Pipeline, String> {
+        load_str("p.yaml", &format!("{HEAD}{fields}{TAIL}"), o).map_err(|e| e.to_string())
+    }
+
+    fn sink(p: &Pipeline) -> &PostgresSink {
+        match &p.connectors[1].kind {
+            ConnectorKind::PostgresSink(s) => s,
+            other => panic!("connector 1 is {}", other.type_name()),
+        }
+    }
+
+    const REQUIRED: &str = "    host: replica\n    database: shop\n    user: writer\n";
+
+    #[test]
+    fn defaults() {
+        let p = load(REQUIRED, &opts(&[])).unwrap();
+        let k = sink(&p);
+        assert_eq!(p.connectors[1].kind.type_name(), "sink/postgres");
+        assert!(p.connectors[1].kind.is_sink() && !p.connectors[1].kind.is_source());
+        assert_eq!(
+            (
+                k.host.as_str(),
+                k.port,
+                k.database.as_str(),
+                k.user.as_str()
+            ),
+            ("replica", 5432, "shop", "writer")
+        );
+        assert!(k.password.is_none() && k.schema.is_none() && !k.create_tables);
+        assert_eq!(
+            (k.lanes, k.batch_size, k.queue_capacity, k.max_retries),
+            (4, 1000, 4096, 10)
+        );
+        assert_eq!(k.max_wait, Duration::from_millis(20));
+        assert_eq!(k.connect_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn every_field_set() {
+        let fields = "    host: replica
+    port: \"6432\"
+    database: shop
+    user: writer
+    schema: mirror
+    create_tables: true
+    lanes: 8
+    batch_size: 500
+    max_wait: 5ms
+    queue_capacity: 100
+    connect_timeout: 3s
+    max_retries: 0
+    secret_refs: [{ field: password, ref: pg-sink-pw }]
+";
+        let o = opts(&[("ZIPLINE_SECRET_PG_SINK_PW", "s3cret")]);
+        let p = load(fields, &o).unwrap();
+        let k = sink(&p);
+        assert_eq!(k.port, 6432);
+        assert_eq!(k.password.as_ref().unwrap().expose(), "s3cret");
+        assert_eq!(k.schema.as_deref(), Some("mirror"));
+        assert!(k.create_tables);
+        assert_eq!(
+            (k.lanes, k.batch_size, k.queue_capacity, k.max_retries),
+            (8, 500, 100, 0)
+        );
+        assert_eq!(k.max_wait, Duration::from_millis(5));
+        assert_eq!(k.connect_timeout, Duration::from_secs(3));
+        let debug = format!("{p:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+    }
+
+    #[test]
+    fn errors_are_located() {
+        let o = opts(&[]);
+        let long = "s".repeat(64);
+        let cases: Vec<(String, String)> = vec![
+            (
+                "    database: shop\n    user: writer\n".to_owned(),
+                "p.yaml:10: connectors[1].host: required field is missing".to_owned(),
+            ),
+            (
+                format!("{REQUIRED}    create_tables: yes-please\n"),
+                "p.yaml:15: connectors[1].create_tables: expected true or false, found a string"
+                    .to_owned(),
+            ),
+            (
+                format!("{REQUIRED}    schema: {long}\n"),
+                "p.yaml:15: connectors[1].schema: name is 64 bytes; PostgreSQL names are at \
+                 most 63 bytes"
+                    .to_owned(),
+            ),
+            (
+                format!("{REQUIRED}    lanes: 0\n"),
+                "p.yaml:15: connectors[1].lanes: must be between 1 and 256, found 0".to_owned(),
+            ),
+            (
+                format!("{REQUIRED}    slot_name: x\n"),
+                format!(
+                    "p.yaml:15: connectors[1].slot_name: unknown field `slot_name`; expected one \
+                     of: {}",
+                    FIELDS.join(", ")
+                ),
+            ),
+            (
+                format!(
+                    "{REQUIRED}    password: inline\n    secret_refs: [{{ field: password, ref: x }}]\n"
+                ),
+                "p.yaml:16: connectors[1].secret_refs[0].field".to_owned(),
+            ),
+        ];
+        for (fields, want) in &cases {
+            let got = load(fields, &o).unwrap_err();
+            assert!(
+                got.starts_with(want.as_str()),
+                "fields:\n{fields}\ngot:  {got}\nwant: {want}"
+            );
+        }
+    }
+}

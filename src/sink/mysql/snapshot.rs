@@ -1,0 +1,725 @@
+//! The initial snapshot's bulk path into MySQL/MariaDB, and the snapshot state table.
+//!
+//! A chunk is written with `LOAD DATA LOCAL INFILE … REPLACE`, its rows streamed from memory
+//! through mysql_async's per-connection infile handler — the fastest way into InnoDB, about
+//! twice the rate of multi-row `INSERT … ON DUPLICATE KEY UPDATE` here. `REPLACE` makes a row
+//! already in the sink with the same key give way to the snapshot's (deleted, then inserted:
+//! its DELETE and INSERT triggers fire; columns the source lacks get their defaults). The
+//! rows and the chunk's "loaded" mark in [`TABLE`] commit in one transaction.
+//!
+//! The data format is spelled out rather than left to defaults: under `NO_BACKSLASH_ESCAPES`
+//! (the lane session's mode) `LOAD DATA` would have no escape character, and `'\t'` would be
+//! two characters. So: fields end at `X'09'`, lines at `X'0a'`, the escape is `X'5c'`
+//! (backslash), `\N` is NULL, and `CHARACTER SET binary` passes bytes through unconverted
+//! (text is UTF-8 already; `bytea` goes in raw). Data is sent in pieces of at most
+//! [`PIECE`] bytes, each one protocol packet, well under `max_allowed_packet`
+//! (<https://mariadb.com/kb/en/load-data-infile/>).
+//!
+//! A server that refuses local infile (MySQL 8's default `local_infile=OFF`: error 3948;
+//! MariaDB: 1148 or 4166) gets the lanes' multi-row upserts instead, from then on.
+//!
+//! The state table holds, per (pipeline, sink connector): a marker row (`source_table` = '',
+//! `chunk` = -1; `done_at` NULL while pending, set when complete) and one row per planned
+//! chunk (`done_at` set once loaded, with `loaded_rows`). Chunk rows stay after completion as
+//! a record of what was copied; the next snapshot replaces them.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use mysql_async::Conn;
+use mysql_async::prelude::Queryable;
+
+use super::errors::{self, sink_error};
+use super::literal::{push_ident, push_str, push_value};
+use super::plan::{Plan, key_text};
+use super::{CLOSE_TIMEOUT, Shared};
+use crate::change::{Change, Op, Position, Table, Value};
+use crate::sink::{SinkError, SnapshotChunk, SnapshotState};
+
+/// Name of the snapshot state table, next to the checkpoint table.
+pub(crate) const TABLE: &str = "_zipline_snapshot";
+
+/// Largest piece of infile data sent as one packet.
+const PIECE: usize = 1 << 20;
+
+/// Connections kept between chunk loads, and whether the server refused local infile.
+#[derive(Default)]
+pub(super) struct Loader {
+    idle: Mutex<Vec<Conn>>,
+    infile_refused: AtomicBool,
+}
+
+impl Loader {
+    async fn take(&self, shared: &Shared) -> Result<Conn, SinkError> {
+        let pooled = self
+            .idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pop();
+        match pooled {
+            Some(conn) => Ok(conn),
+            None => shared.connect().await,
+        }
+    }
+
+    fn put(&self, conn: Conn) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(conn);
+    }
+}
+
+async fn close(conn: Conn) {
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for the state table in `database`.
+pub(crate) fn create_table_sql(database: &str) -> String {
+    let mut sql = String::from("CREATE TABLE IF NOT EXISTS ");
+    push_table(&mut sql, database);
+    sql.push_str(
+        " (pipeline VARCHAR(128) NOT NULL, connector VARCHAR(128) NOT NULL, \
+         source_table VARCHAR(255) NOT NULL, chunk INT NOT NULL, \
+         key_column VARCHAR(255) NULL, lower_bound LONGTEXT NULL, upper_bound LONGTEXT NULL, \
+         loaded_rows BIGINT NULL, done_at TIMESTAMP(6) NULL, \
+         PRIMARY KEY (pipeline, connector, source_table, chunk)) \
+         ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+    );
+    sql
+}
+
+fn push_table(buf: &mut String, database: &str) {
+    push_ident(buf, database);
+    buf.push('.');
+    push_ident(buf, TABLE);
+}
+
+fn push_owner(buf: &mut String, shared: &Shared) {
+    buf.push_str(" WHERE pipeline=");
+    push_str(buf, &shared.options.pipeline);
+    buf.push_str(" AND connector=");
+    push_str(buf, &shared.options.connector);
+}
+
+fn push_opt_str(buf: &mut String, value: Option<&str>) {
+    match value {
+        Some(v) => push_str(buf, v),
+        None => buf.push_str("NULL"),
+    }
+}
+
+/// `INSERT` of state rows for `chunks` (`None`: the marker), with `done` as `done_at` and
+/// `loaded` as `loaded_rows`; on a duplicate only those two change.
+fn push_rows(
+    buf: &mut String,
+    shared: &Shared,
+    chunks: &[Option<&SnapshotChunk>],
+    done: &str,
+    loaded: Option<u64>,
+) {
+    buf.push_str("INSERT INTO ");
+    push_table(buf, &shared.options.database);
+    buf.push_str(
+        " (pipeline,connector,source_table,chunk,key_column,lower_bound,upper_bound,\
+         loaded_rows,done_at) VALUES ",
+    );
+    for (n, chunk) in chunks.iter().enumerate() {
+        if n > 0 {
+            buf.push(',');
+        }
+        buf.push('(');
+        push_str(buf, &shared.options.pipeline);
+        buf.push(',');
+        push_str(buf, &shared.options.connector);
+        buf.push(',');
+        match chunk {
+            Some(c) => {
+                push_str(buf, &c.table);
+                buf.push_str(&format!(",{},", c.index));
+                push_str(buf, &c.column);
+                buf.push(',');
+                push_opt_str(buf, c.lower.as_deref());
+                buf.push(',');
+                push_opt_str(buf, c.upper.as_deref());
+            }
+            None => buf.push_str("'',-1,NULL,NULL,NULL"),
+        }
+        match loaded {
+            Some(rows) => buf.push_str(&format!(",{rows},")),
+            None => buf.push_str(",NULL,"),
+        }
+        buf.push_str(done);
+        buf.push(')');
+    }
+    buf.push_str(
+        " ON DUPLICATE KEY UPDATE loaded_rows=VALUES(loaded_rows),done_at=VALUES(done_at)",
+    );
+}
+
+fn state_error(shared: &Shared, doing: &str, e: &mysql_async::Error) -> SinkError {
+    sink_error(shared.sink(), &format!("{doing} in {TABLE}"), e)
+}
+
+/// What the sink holds of the pipeline's snapshot.
+pub(super) async fn state(shared: &Shared) -> Result<SnapshotState, SinkError> {
+    let mut conn = shared.connect().await?;
+    let result = async {
+        conn.query_drop(create_table_sql(&shared.options.database))
+            .await
+            .map_err(|e| state_error(shared, "creating the snapshot state table", &e))?;
+        let mut sql = String::from(
+            "SELECT source_table, chunk, key_column, lower_bound, upper_bound, \
+             done_at IS NOT NULL FROM ",
+        );
+        push_table(&mut sql, &shared.options.database);
+        push_owner(&mut sql, shared);
+        sql.push_str(" ORDER BY source_table, chunk");
+        let rows: Vec<StateRow> = conn
+            .query(sql)
+            .await
+            .map_err(|e| state_error(shared, "reading the snapshot state", &e))?;
+        Ok(state_from_rows(rows))
+    }
+    .await;
+    close(conn).await;
+    result
+}
+
+/// (source_table, chunk, key_column, lower_bound, upper_bound, loaded) of a state row.
+type StateRow = (
+    String,
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    bool,
+);
+
+fn state_from_rows(rows: Vec<StateRow>) -> SnapshotState {
+    let mut marker = None;
+    let mut chunks = Vec::new();
+    for (table, chunk, column, lower, upper, done) in rows {
+        match u32::try_from(chunk) {
+            Err(_) if table.is_empty() => marker = Some(done),
+            Ok(index) => chunks.push((
+                SnapshotChunk {
+                    table,
+                    index,
+                    column: column.unwrap_or_default(),
+                    lower,
+                    upper,
+                },
+                done,
+            )),
+            Err(_) => {}
+        }
+    }
+    match marker {
+        None => SnapshotState::None,
+        Some(true) => SnapshotState::Complete,
+        Some(false) => SnapshotState::Pending(chunks),
+    }
+}
+
+/// Replaces the pipeline's snapshot state with a pending snapshot planned as `chunks`.
+pub(super) async fn begin(shared: &Shared, chunks: &[SnapshotChunk]) -> Result<(), SinkError> {
+    let mut conn = shared.connect().await?;
+    let result = async {
+        conn.query_drop(create_table_sql(&shared.options.database))
+            .await
+            .map_err(|e| state_error(shared, "creating the snapshot state table", &e))?;
+        let mut sql = String::from("START TRANSACTION;DELETE FROM ");
+        push_table(&mut sql, &shared.options.database);
+        push_owner(&mut sql, shared);
+        sql.push(';');
+        push_rows(&mut sql, shared, &[None], "NULL", None);
+        conn.query_drop(sql)
+            .await
+            .map_err(|e| state_error(shared, "recording a pending snapshot", &e))?;
+        for part in chunks.chunks(500) {
+            let mut sql = String::new();
+            let part: Vec<Option<&SnapshotChunk>> = part.iter().map(Some).collect();
+            push_rows(&mut sql, shared, &part, "NULL", None);
+            conn.query_drop(sql)
+                .await
+                .map_err(|e| state_error(shared, "recording the snapshot plan", &e))?;
+        }
+        conn.query_drop("COMMIT")
+            .await
+            .map_err(|e| state_error(shared, "recording the snapshot plan", &e))
+    }
+    .await;
+    close(conn).await;
+    result
+}
+
+/// Empties the sink tables of `tables`: `TRUNCATE TABLE` (fast, but it needs the DROP
+/// privilege and no foreign key pointing at the table), else `DELETE FROM`.
+pub(super) async fn clear(shared: &Shared, tables: &[Arc<Table>]) -> Result<(), SinkError> {
+    let mut conn = shared.connect().await?;
+    let result = async {
+        for table in tables {
+            let mut target = String::new();
+            push_ident(&mut target, &shared.options.database);
+            target.push('.');
+            push_ident(&mut target, &table.name);
+            if let Err(e) = conn.query_drop(format!("TRUNCATE TABLE {target}")).await {
+                tracing::debug!(sink = shared.sink(), table = %target, error = %e, "TRUNCATE refused; deleting instead");
+                conn.query_drop(format!("DELETE FROM {target}"))
+                    .await
+                    .map_err(|e| sink_error(shared.sink(), &format!("emptying {target}"), &e))?;
+            }
+            tracing::warn!(sink = shared.sink(), table = %target, "emptied for a new snapshot");
+        }
+        Ok(())
+    }
+    .await;
+    close(conn).await;
+    result
+}
+
+/// Marks the snapshot complete.
+pub(super) async fn finish(shared: &Shared) -> Result<(), SinkError> {
+    let mut conn = shared.connect().await?;
+    let mut sql = String::new();
+    push_rows(&mut sql, shared, &[None], "CURRENT_TIMESTAMP(6)", None);
+    let result = conn
+        .query_drop(sql)
+        .await
+        .map_err(|e| state_error(shared, "marking the snapshot complete", &e));
+    close(conn).await;
+    result
+}
+
+/// A chunk's rows, as the source hands them over.
+#[derive(Clone, Copy)]
+pub(super) enum Input<'a> {
+    /// Insert changes, possibly of several tables (what a transform made).
+    Changes(&'a [Arc<Change>]),
+    /// Rows of one table.
+    Rows(&'a Arc<Table>, &'a [Vec<Value>]),
+}
+
+impl<'a> Input<'a> {
+    fn len(self) -> usize {
+        match self {
+            Input::Changes(changes) => changes.len(),
+            Input::Rows(_, rows) => rows.len(),
+        }
+    }
+
+    /// Rows by table shape, in order of first appearance.
+    fn groups(self) -> Vec<(&'a Arc<Table>, Vec<&'a [Value]>)> {
+        let changes = match self {
+            Input::Rows(table, rows) => {
+                return vec![(table, rows.iter().map(|r| &r[..]).collect())];
+            }
+            Input::Changes(changes) => changes,
+        };
+        let mut groups: Vec<(&Arc<Table>, Vec<&[Value]>)> = Vec::new();
+        for change in changes {
+            let table = &change.table;
+            match groups
+                .iter_mut()
+                .find(|(t, _)| Arc::ptr_eq(t, table) || t == &table)
+            {
+                Some((_, rows)) => rows.push(&change.values),
+                None => groups.push((table, vec![&change.values])),
+            }
+        }
+        groups
+    }
+}
+
+/// Writes a chunk's rows and marks it loaded, in one transaction.
+pub(super) async fn load(
+    shared: &Shared,
+    loader: &Loader,
+    chunk: &SnapshotChunk,
+    changes: Input<'_>,
+) -> Result<(), SinkError> {
+    let mut conn = loader.take(shared).await?;
+    let infile = !loader.infile_refused.load(Ordering::Relaxed);
+    let result = if infile {
+        load_infile(shared, &mut conn, chunk, changes).await
+    } else {
+        load_upserts(shared, &mut conn, chunk, changes).await
+    };
+    match result {
+        Ok(()) => {
+            loader.put(conn);
+            Ok(())
+        }
+        Err(Failure::InfileRefused(e)) => {
+            close(conn).await;
+            if !loader.infile_refused.swap(true, Ordering::Relaxed) {
+                tracing::warn!(sink = shared.sink(), error = %e.message, "the server refuses LOAD DATA LOCAL INFILE (local_infile=OFF?); the snapshot writes multi-row upserts instead, which is slower");
+            }
+            let mut conn = shared.connect().await?;
+            match load_upserts(shared, &mut conn, chunk, changes).await {
+                Ok(()) => {
+                    loader.put(conn);
+                    Ok(())
+                }
+                Err(Failure::InfileRefused(e) | Failure::Other(e)) => {
+                    close(conn).await;
+                    Err(e)
+                }
+            }
+        }
+        Err(Failure::Other(e)) => {
+            // Closing rolls back whatever the transaction did.
+            close(conn).await;
+            Err(e)
+        }
+    }
+}
+
+enum Failure {
+    InfileRefused(SinkError),
+    Other(SinkError),
+}
+
+fn infile_refused(e: &mysql_async::Error) -> bool {
+    matches!(e, mysql_async::Error::Server(s) if matches!(s.code, 1148 | 3948 | 4166))
+}
+
+async fn load_infile(
+    shared: &Shared,
+    conn: &mut Conn,
+    chunk: &SnapshotChunk,
+    changes: Input<'_>,
+) -> Result<(), Failure> {
+    let sink = shared.sink();
+    let database = &shared.options.database;
+    conn.query_drop("START TRANSACTION")
+        .await
+        .map_err(|e| Failure::Other(sink_error(sink, &format!("loading {chunk}"), &e)))?;
+    let mut data = Vec::new();
+    let mut scratch = String::new();
+    for (shape, group) in changes.groups() {
+        data.clear();
+        // Most rows take well under this; one reallocation at most instead of a dozen.
+        data.reserve(group.len() * 128);
+        render_rows(&mut data, &mut scratch, &group).map_err(|(row, column, problem)| {
+            Failure::Other(SinkError::definite(format!(
+                "sink {sink}: {}.{}: {problem} (row key {})",
+                shape.qualified_name(),
+                shape.columns[column].name,
+                key_text(shape, shape.key.iter().map(|&i| &group[row][i]))
+            )))
+        })?;
+        let pieces = pieces(Bytes::from(std::mem::take(&mut data)), PIECE);
+        conn.set_infile_handler(async move {
+            Ok(futures_util::stream::iter(pieces.into_iter().map(Ok)).boxed())
+        });
+        if let Err(e) = conn.query_drop(load_sql(database, shape)).await {
+            let doing = format!(
+                "loading {} rows of {chunk} into `{database}`.`{}`",
+                group.len(),
+                shape.name
+            );
+            let mut err = sink_error(sink, &doing, &e);
+            if infile_refused(&e) {
+                return Err(Failure::InfileRefused(err));
+            }
+            if let Some(row) = errors::row_number(&e).and_then(|n| group.get(n.wrapping_sub(1))) {
+                let key = key_text(shape, shape.key.iter().map(|&i| &row[i]));
+                err.message.push_str(&format!(" (row key {key})"));
+            }
+            return Err(Failure::Other(err));
+        }
+    }
+    commit(shared, conn, chunk, changes.len()).await
+}
+
+async fn load_upserts(
+    shared: &Shared,
+    conn: &mut Conn,
+    chunk: &SnapshotChunk,
+    input: Input<'_>,
+) -> Result<(), Failure> {
+    let sink = shared.sink();
+    // The lanes' statement builder works on changes: made here for rows, on this slower
+    // path only.
+    let made: Vec<Arc<Change>>;
+    let changes = match input {
+        Input::Changes(changes) => changes,
+        Input::Rows(table, rows) => {
+            made = rows
+                .iter()
+                .map(|values| {
+                    Arc::new(Change {
+                        position: Position::default(),
+                        op: Op::Insert,
+                        table: table.clone(),
+                        key: table.key.iter().map(|&i| values[i].clone()).collect(),
+                        old_key: None,
+                        values: values.clone(),
+                    })
+                })
+                .collect();
+            &made
+        }
+    };
+    let mut plan = Plan::build(changes, &shared.options.database, sink).map_err(Failure::Other)?;
+    let mut buf = String::from("START TRANSACTION");
+    conn.query_drop(&buf)
+        .await
+        .map_err(|e| Failure::Other(sink_error(sink, &format!("loading {chunk}"), &e)))?;
+    loop {
+        buf.clear();
+        let info = match plan.next_statement(&mut buf) {
+            Ok(Some(info)) => info,
+            Ok(None) => break,
+            Err(e) => return Err(Failure::Other(e)),
+        };
+        if let Err(e) = conn.query_drop(&buf).await {
+            let mut err = sink_error(sink, &plan.describe(info), &e);
+            if let Some(key) = errors::row_number(&e).and_then(|n| plan.row_key(info, n)) {
+                err.message.push_str(&format!(" (row key {key})"));
+            }
+            return Err(Failure::Other(err));
+        }
+    }
+    commit(shared, conn, chunk, changes.len()).await
+}
+
+async fn commit(
+    shared: &Shared,
+    conn: &mut Conn,
+    chunk: &SnapshotChunk,
+    rows: usize,
+) -> Result<(), Failure> {
+    let mut sql = String::new();
+    push_rows(
+        &mut sql,
+        shared,
+        &[Some(chunk)],
+        "CURRENT_TIMESTAMP(6)",
+        Some(rows as u64),
+    );
+    sql.push_str(";COMMIT");
+    conn.query_drop(sql).await.map_err(|e| {
+        Failure::Other(state_error(
+            shared,
+            &format!("marking {chunk} loaded and committing"),
+            &e,
+        ))
+    })
+}
+
+/// `LOAD DATA LOCAL INFILE … REPLACE INTO TABLE` for `shape`'s columns (see the module docs).
+fn load_sql(database: &str, shape: &Table) -> String {
+    let mut sql = String::from("LOAD DATA LOCAL INFILE 'zipline-snapshot' REPLACE INTO TABLE ");
+    push_ident(&mut sql, database);
+    sql.push('.');
+    push_ident(&mut sql, &shape.name);
+    sql.push_str(
+        " CHARACTER SET binary FIELDS TERMINATED BY X'09' ESCAPED BY X'5c' \
+         LINES TERMINATED BY X'0a' (",
+    );
+    for (n, column) in shape.columns.iter().enumerate() {
+        if n > 0 {
+            sql.push(',');
+        }
+        push_ident(&mut sql, &column.name);
+    }
+    sql.push(')');
+    sql
+}
+
+/// Appends `rows` as infile lines. On error: (row index, column index, what is wrong).
+fn render_rows(
+    out: &mut Vec<u8>,
+    scratch: &mut String,
+    rows: &[&[Value]],
+) -> Result<(), (usize, usize, String)> {
+    for (r, row) in rows.iter().enumerate() {
+        for (c, value) in row.iter().enumerate() {
+            if c > 0 {
+                out.push(b'\t');
+            }
+            render_value(out, scratch, value).map_err(|problem| (r, c, problem))?;
+        }
+        out.push(b'\n');
+    }
+    Ok(())
+}
+
+fn render_value(out: &mut Vec<u8>, scratch: &mut String, value: &Value) -> Result<(), String> {
+    match value {
+        Value::Null => out.extend_from_slice(b"\\N"),
+        Value::Text(text) | Value::Json(text) | Value::Other { text, .. } => {
+            push_escaped(out, text.as_bytes())
+        }
+        Value::Bytes(bytes) => push_escaped(out, bytes),
+        Value::Bool(b) => out.push(if *b { b'1' } else { b'0' }),
+        Value::Int2(i) => push_int(out, i64::from(*i)),
+        Value::Int4(i) => push_int(out, i64::from(*i)),
+        Value::Int8(i) => push_int(out, *i),
+        other => {
+            // Numbers, booleans, temporal values and UUIDs: the SQL literal without its
+            // quotes; none of them holds a tab, newline or backslash.
+            scratch.clear();
+            push_value(scratch, other)?;
+            let text = scratch.as_str();
+            let text = text
+                .strip_prefix('\'')
+                .and_then(|t| t.strip_suffix('\''))
+                .unwrap_or(text);
+            out.extend_from_slice(text.as_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// A decimal integer, without going through `fmt` (the hot path of most keys).
+fn push_int(out: &mut Vec<u8>, value: i64) {
+    let mut digits = [0u8; 20];
+    let mut n = value.unsigned_abs();
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if value < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[start..]);
+}
+
+/// Bytes with the field separator, line end, escape character and NUL escaped.
+fn push_escaped(out: &mut Vec<u8>, bytes: &[u8]) {
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escaped: &[u8] = match b {
+            b'\\' => b"\\\\",
+            b'\t' => b"\\t",
+            b'\n' => b"\\n",
+            0 => b"\\0",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        out.extend_from_slice(escaped);
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+/// `data` in zero-copy slices of at most `size` bytes.
+fn pieces(data: Bytes, size: usize) -> Vec<Bytes> {
+    let mut pieces = Vec::with_capacity(data.len() / size + 1);
+    let mut start = 0;
+    while start < data.len() {
+        let end = (start + size).min(data.len());
+        pieces.push(data.slice(start..end));
+        start = end;
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::change::Column;
+
+    fn table() -> Arc<Table> {
+        let col = |name: &str, type_oid, is_key| Column {
+            name: name.into(),
+            type_oid,
+            type_modifier: -1,
+            is_key,
+        };
+        Arc::new(Table::new(
+            "public".into(),
+            "orders".into(),
+            vec![
+                col("id", 20, true),
+                col("note", 25, false),
+                col("at", 1184, false),
+                col("raw", 17, false),
+            ],
+        ))
+    }
+
+    #[test]
+    fn rows_render_as_escaped_infile_lines() {
+        let a = vec![
+            Value::Int8(-7),
+            Value::Text("tab\there\nline \\N back\\slash".into()),
+            Value::TimestampTz(1_700_000_000_123_456),
+            Value::Bytes(vec![0, b'\t', 0xff]),
+        ];
+        let b = vec![Value::Int8(i64::MIN), Value::Null, Value::Null, Value::Null];
+        let mut out = Vec::new();
+        render_rows(&mut out, &mut String::new(), &[&a, &b]).unwrap();
+        assert_eq!(
+            out,
+            b"-7\ttab\\there\\nline \\\\N back\\\\slash\t2023-11-14 22:13:20.123456\t\\0\\t\xff\n\
+              -9223372036854775808\t\\N\t\\N\t\\N\n"
+                .to_vec()
+        );
+        let bad = vec![
+            Value::Int8(9),
+            Value::Null,
+            Value::TimestampTz(i64::MAX),
+            Value::Null,
+        ];
+        let err = render_rows(&mut out, &mut String::new(), &[&bad]).unwrap_err();
+        assert_eq!((err.0, err.1), (0, 2));
+        assert!(err.2.contains("infinity"), "{}", err.2);
+    }
+
+    #[test]
+    fn load_statement_names_every_column() {
+        assert_eq!(
+            load_sql("sh`op", &table()),
+            "LOAD DATA LOCAL INFILE 'zipline-snapshot' REPLACE INTO TABLE `sh``op`.`orders` \
+             CHARACTER SET binary FIELDS TERMINATED BY X'09' ESCAPED BY X'5c' \
+             LINES TERMINATED BY X'0a' (`id`,`note`,`at`,`raw`)"
+        );
+    }
+
+    #[test]
+    fn pieces_cover_the_buffer() {
+        let cut = pieces(Bytes::from(vec![1u8; 10]), 4);
+        assert_eq!(cut.iter().map(Bytes::len).collect::<Vec<_>>(), [4, 4, 2]);
+        assert!(pieces(Bytes::new(), 4).is_empty());
+    }
+
+    #[test]
+    fn state_rows_become_a_state() {
+        assert_eq!(state_from_rows(vec![]), SnapshotState::None);
+        let marker = |done| (String::new(), -1, None, None, None, done);
+        assert_eq!(state_from_rows(vec![marker(true)]), SnapshotState::Complete);
+        let chunk = (
+            "public.t".to_owned(),
+            0,
+            Some("id".to_owned()),
+            None,
+            Some("10".to_owned()),
+            true,
+        );
+        assert_eq!(
+            state_from_rows(vec![marker(false), chunk]),
+            SnapshotState::Pending(vec![(
+                SnapshotChunk {
+                    table: "public.t".into(),
+                    index: 0,
+                    column: "id".into(),
+                    lower: None,
+                    upper: Some("10".into()),
+                },
+                true
+            )])
+        );
+    }
+}

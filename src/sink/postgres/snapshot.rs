@@ -1,0 +1,452 @@
+//! The initial snapshot's bulk path into PostgreSQL, and the snapshot state table.
+//!
+//! A chunk's rows go in with `COPY … FROM STDIN` (text format) straight into the target
+//! table, inside a savepoint: on an empty table — the usual case, each chunk being a disjoint
+//! key range — that is PostgreSQL's fastest load path, the one `pg_dump | psql` takes. When a
+//! row with the same key is already there (the table was not emptied, or a resumed chunk
+//! overlaps what the stream wrote), the `COPY` fails with a unique violation, the savepoint
+//! is rolled back and that table's rows go through the lanes' upsert statements instead
+//! (`INSERT … ON CONFLICT DO UPDATE`), which replace rows by key. The rows and the chunk's
+//! "loaded" mark in [`TABLE`] commit in one transaction, on a connection of the sink's own
+//! (kept in a small pool between chunks; chunks load concurrently).
+//!
+//! COPY text format (<https://www.postgresql.org/docs/15/sql-copy.html#id-1.9.3.55.9.2>):
+//! columns separated by tabs, rows by newlines, `\N` for NULL, and backslash, tab, newline
+//! and carriage return escaped with a backslash. Values are written in each type's input
+//! syntax (`encode::push_text`), which the session's `DateStyle=ISO`/`TimeZone=UTC` parse back
+//! exactly.
+//!
+//! The state table holds, per (pipeline, sink connector): a marker row (`source_table` = '',
+//! `chunk` = -1; `done_at` NULL while pending, set when complete) and one row per planned chunk
+//! (`done_at` set once loaded, with `loaded_rows`). The next snapshot replaces them.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures_util::SinkExt;
+use tokio_postgres::Client;
+
+use super::encode::push_text;
+use super::errors::{classify, sink_error};
+use super::sql::{self, qualified};
+use super::{Shared, schema};
+use crate::change::{Change, Table, Value};
+use crate::error::ErrorClass;
+use crate::sink::coalesce::coalesce;
+use crate::sink::{SinkError, SnapshotChunk, SnapshotState};
+
+/// Name of the snapshot state table, next to the checkpoint table.
+pub(crate) const TABLE: &str = "_zipline_snapshot";
+
+/// Connections kept between chunk loads.
+#[derive(Default)]
+pub(super) struct Pool {
+    idle: Mutex<Vec<Client>>,
+}
+
+impl Pool {
+    async fn take(&self, shared: &Shared) -> Result<Client, SinkError> {
+        let pooled = self
+            .idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pop();
+        match pooled {
+            Some(client) if !client.is_closed() => Ok(client),
+            _ => shared.connect().await,
+        }
+    }
+
+    fn put(&self, client: Client) {
+        self.idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .push(client);
+    }
+}
+
+fn state_table(shared: &Shared) -> String {
+    qualified(shared.checkpoint_schema(), TABLE)
+}
+
+/// `CREATE TABLE IF NOT EXISTS` for the state table.
+fn create_sql(shared: &Shared) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {} (\
+         pipeline varchar(128) COLLATE \"C\" NOT NULL, \
+         connector varchar(128) COLLATE \"C\" NOT NULL, \
+         source_table text COLLATE \"C\" NOT NULL, chunk integer NOT NULL, \
+         key_column text, lower_bound text, upper_bound text, loaded_rows bigint, \
+         done_at timestamptz, PRIMARY KEY (pipeline, connector, source_table, chunk))",
+        state_table(shared)
+    )
+}
+
+fn state_error(shared: &Shared, doing: &str, e: &tokio_postgres::Error) -> SinkError {
+    sink_error(
+        shared.sink(),
+        &format!("{doing} in {}", state_table(shared)),
+        e,
+    )
+}
+
+/// What the sink holds of the pipeline's snapshot.
+pub(super) async fn state(shared: &Shared) -> Result<SnapshotState, SinkError> {
+    let client = shared.connect().await?;
+    client
+        .batch_execute(&create_sql(shared))
+        .await
+        .map_err(|e| state_error(shared, "creating the snapshot state table", &e))?;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT source_table, chunk, key_column, lower_bound, upper_bound, \
+                 done_at IS NOT NULL FROM {} WHERE pipeline = $1::text AND connector = $2::text \
+                 ORDER BY source_table, chunk",
+                state_table(shared)
+            ),
+            &[&shared.options.pipeline, &shared.options.connector],
+        )
+        .await
+        .map_err(|e| state_error(shared, "reading the snapshot state", &e))?;
+    let mut complete = None;
+    let mut chunks = Vec::new();
+    for r in &rows {
+        let (table, chunk, done): (String, i32, bool) = (r.get(0), r.get(1), r.get(5));
+        if table.is_empty() && chunk < 0 {
+            complete = Some(done);
+        } else if let Ok(index) = u32::try_from(chunk) {
+            let planned = SnapshotChunk {
+                table,
+                index,
+                column: r.get::<_, Option<String>>(2).unwrap_or_default(),
+                lower: r.get(3),
+                upper: r.get(4),
+            };
+            chunks.push((planned, done));
+        }
+    }
+    Ok(match complete {
+        None => SnapshotState::None,
+        Some(true) => SnapshotState::Complete,
+        Some(false) => SnapshotState::Pending(chunks),
+    })
+}
+
+/// Replaces the pipeline's snapshot state with a pending snapshot planned as `chunks`.
+pub(super) async fn begin(shared: &Shared, chunks: &[SnapshotChunk]) -> Result<(), SinkError> {
+    let client = shared.connect().await?;
+    let table = state_table(shared);
+    let owner: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+        [&shared.options.pipeline, &shared.options.connector];
+    let names: Vec<&str> = chunks.iter().map(|c| c.table.as_str()).collect();
+    let indexes: Vec<i32> = chunks
+        .iter()
+        .map(|c| i32::try_from(c.index).unwrap_or(i32::MAX))
+        .collect();
+    let columns: Vec<&str> = chunks.iter().map(|c| c.column.as_str()).collect();
+    let lowers: Vec<Option<&str>> = chunks.iter().map(|c| c.lower.as_deref()).collect();
+    let uppers: Vec<Option<&str>> = chunks.iter().map(|c| c.upper.as_deref()).collect();
+    let result = async {
+        client.batch_execute(&create_sql(shared)).await?;
+        client.batch_execute("BEGIN").await?;
+        client
+            .execute(
+                &format!("DELETE FROM {table} WHERE pipeline = $1::text AND connector = $2::text"),
+                &owner,
+            )
+            .await?;
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {table} (pipeline, connector, source_table, chunk) \
+                     VALUES ($1::text, $2::text, '', -1)"
+                ),
+                &owner,
+            )
+            .await?;
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {table} (pipeline, connector, source_table, chunk, key_column, \
+                     lower_bound, upper_bound) SELECT $1::text, $2::text, u.* FROM \
+                     unnest($3::text[], $4::int4[], $5::text[], $6::text[], $7::text[]) AS u"
+                ),
+                &[
+                    owner[0], owner[1], &names, &indexes, &columns, &lowers, &uppers,
+                ],
+            )
+            .await?;
+        client.batch_execute("COMMIT").await
+    }
+    .await;
+    result.map_err(|e| state_error(shared, "recording a pending snapshot and its plan", &e))
+}
+
+/// Empties the sink tables of `tables` (`TRUNCATE`, else `DELETE FROM` when truncating is
+/// refused, e.g. a table other tables' foreign keys point at).
+pub(super) async fn clear(shared: &Shared, tables: &[Arc<Table>]) -> Result<(), SinkError> {
+    let client = shared.connect().await?;
+    for table in tables {
+        let target = qualified(shared.target_schema(table), &table.name);
+        if let Err(e) = client.batch_execute(&format!("TRUNCATE {target}")).await {
+            tracing::debug!(sink = shared.sink(), table = %target, error = %e, "TRUNCATE refused; deleting instead");
+            client
+                .batch_execute(&format!("DELETE FROM {target}"))
+                .await
+                .map_err(|e| sink_error(shared.sink(), &format!("emptying {target}"), &e))?;
+        }
+        tracing::warn!(sink = shared.sink(), table = %target, "emptied for a new snapshot");
+    }
+    Ok(())
+}
+
+/// Marks the snapshot complete.
+pub(super) async fn finish(shared: &Shared) -> Result<(), SinkError> {
+    let client = shared.connect().await?;
+    client
+        .execute(
+            &format!(
+                "UPDATE {} SET done_at = clock_timestamp() WHERE pipeline = $1::text \
+                 AND connector = $2::text AND source_table = '' AND chunk = -1",
+                state_table(shared)
+            ),
+            &[&shared.options.pipeline, &shared.options.connector],
+        )
+        .await
+        .map_err(|e| state_error(shared, "marking the snapshot complete", &e))
+        .map(drop)
+}
+
+/// Writes a chunk's rows and marks it loaded, in one transaction.
+pub(super) async fn load(
+    shared: &Shared,
+    pool: &Pool,
+    chunk: &SnapshotChunk,
+    changes: &[Arc<Change>],
+) -> Result<(), SinkError> {
+    let client = pool.take(shared).await?;
+    match load_on(shared, &client, chunk, changes).await {
+        Ok(()) => {
+            pool.put(client);
+            Ok(())
+        }
+        Err(e) => {
+            // A ROLLBACK that fails leaves a connection not worth keeping.
+            if client.batch_execute("ROLLBACK").await.is_ok() {
+                pool.put(client);
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn load_on(
+    shared: &Shared,
+    client: &Client,
+    chunk: &SnapshotChunk,
+    changes: &[Arc<Change>],
+) -> Result<(), SinkError> {
+    let sink = shared.sink();
+    client
+        .batch_execute("BEGIN")
+        .await
+        .map_err(|e| sink_error(sink, &format!("loading {chunk}"), &e))?;
+    for group in groups(changes) {
+        let shape = &group[0].table;
+        let target = qualified(shared.target_schema(shape), &shape.name);
+        let doing = format!("loading {} rows of {chunk} into {target}", group.len());
+        client
+            .batch_execute("SAVEPOINT zipline_copy")
+            .await
+            .map_err(|e| sink_error(sink, &doing, &e))?;
+        match copy(client, &target, &group).await {
+            Ok(()) => {}
+            Err(e) if e.code().is_some_and(|c| c.code() == "23505") => {
+                client
+                    .batch_execute("ROLLBACK TO SAVEPOINT zipline_copy")
+                    .await
+                    .map_err(|e| sink_error(sink, &doing, &e))?;
+                upsert(shared, client, &group).await?;
+            }
+            Err(e) => {
+                let mut err = sink_error(sink, &doing, &e);
+                if classify(&e) == ErrorClass::Definite
+                    && let Some(key) = copy_line(&e).and_then(|n| group.get(n.wrapping_sub(1)))
+                {
+                    let values = shape.key.iter().map(|&i| &key.values[i]);
+                    err.message
+                        .push_str(&format!(" (row key {})", sql::key_text(shape, values)));
+                }
+                return Err(err);
+            }
+        }
+    }
+    let rows = i64::try_from(changes.len()).unwrap_or(i64::MAX);
+    let index = i32::try_from(chunk.index).unwrap_or(i32::MAX);
+    let marked = client
+        .execute(
+            &format!(
+                "INSERT INTO {} (pipeline, connector, source_table, chunk, key_column, \
+                 lower_bound, upper_bound, loaded_rows, done_at) VALUES ($1::text, $2::text, \
+                 $3::text, $4::int4, $5::text, $6::text, $7::text, $8::int8, clock_timestamp()) \
+                 ON CONFLICT (pipeline, connector, source_table, chunk) DO UPDATE SET \
+                 loaded_rows = EXCLUDED.loaded_rows, done_at = EXCLUDED.done_at",
+                state_table(shared)
+            ),
+            &[
+                &shared.options.pipeline,
+                &shared.options.connector,
+                &chunk.table,
+                &index,
+                &chunk.column,
+                &chunk.lower,
+                &chunk.upper,
+                &rows,
+            ],
+        )
+        .await;
+    let committed = match marked {
+        Ok(_) => client.batch_execute("COMMIT").await,
+        Err(e) => Err(e),
+    };
+    committed.map_err(|e| state_error(shared, &format!("marking {chunk} loaded"), &e))
+}
+
+/// `COPY target (columns) FROM STDIN` of `rows`, all of one shape.
+async fn copy(
+    client: &Client,
+    target: &str,
+    rows: &[&Change],
+) -> Result<(), tokio_postgres::Error> {
+    let shape = &rows[0].table;
+    let mut statement = format!("COPY {target} (");
+    for (n, column) in shape.columns.iter().enumerate() {
+        if n > 0 {
+            statement.push(',');
+        }
+        sql::push_ident(&mut statement, &column.name);
+    }
+    statement.push_str(") FROM STDIN");
+    let mut data = String::new();
+    let mut text = String::new();
+    for change in rows {
+        for (n, value) in change.values.iter().enumerate() {
+            if n > 0 {
+                data.push('\t');
+            }
+            push_copy_text(&mut data, &mut text, value);
+        }
+        data.push('\n');
+    }
+    let sink = client.copy_in::<_, Bytes>(&statement).await?;
+    futures_util::pin_mut!(sink);
+    sink.send(Bytes::from(data)).await?;
+    sink.finish().await.map(drop)
+}
+
+/// One value in COPY text format (see the module docs).
+fn push_copy_text(out: &mut String, scratch: &mut String, value: &Value) {
+    if matches!(value, Value::Null | Value::Unchanged) {
+        out.push_str("\\N");
+        return;
+    }
+    scratch.clear();
+    push_text(scratch, value);
+    for c in scratch.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// The input line a COPY error happened at, from its context ("COPY t, line 3, column x").
+fn copy_line(e: &tokio_postgres::Error) -> Option<usize> {
+    let context = e.as_db_error()?.where_()?;
+    let at = context.find(", line ")?;
+    let digits: String = context[at + 7..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+/// The rows of one table through the lanes' upsert statements (rows already there are
+/// replaced by key).
+async fn upsert(shared: &Shared, client: &Client, rows: &[&Change]) -> Result<(), SinkError> {
+    let shape = &rows[0].table;
+    let sink = shared.sink();
+    let target_schema = shared.target_schema(shape);
+    let target = qualified(target_schema, &shape.name);
+    let doing = format!("upserting {} rows into {target}", rows.len());
+    let sink_table = schema::load(client, target_schema, &shape.name)
+        .await
+        .map_err(|e| sink_error(sink, &doing, &e))?
+        .ok_or_else(|| SinkError::fatal(format!("sink {sink}: table {target} does not exist")))?;
+    let owned: Vec<Arc<Change>> = rows.iter().map(|c| Arc::new(Change::clone(c))).collect();
+    let tables = coalesce(&owned, sink)?;
+    let mut stmts = Vec::new();
+    sql::batch(&tables, &[&sink_table], false, &mut stmts).map_err(|m| {
+        SinkError::fatal(format!(
+            "sink {sink}: table {target} has no column \"{}\" (source column {}.{})",
+            m.column,
+            shape.qualified_name(),
+            m.column
+        ))
+    })?;
+    for stmt in &stmts {
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = stmt
+            .params
+            .iter()
+            .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+            .collect();
+        client
+            .execute(stmt.sql.as_str(), &params)
+            .await
+            .map_err(|e| sink_error(sink, &doing, &e))?;
+    }
+    Ok(())
+}
+
+/// Runs of `changes` sharing one table shape, in order of first appearance.
+fn groups(changes: &[Arc<Change>]) -> Vec<Vec<&Change>> {
+    let mut out: Vec<Vec<&Change>> = Vec::new();
+    for change in changes {
+        let same = |g: &&mut Vec<&Change>| {
+            Arc::ptr_eq(&g[0].table, &change.table) || *g[0].table == *change.table
+        };
+        match out.iter_mut().find(same) {
+            Some(group) => group.push(change),
+            None => out.push(vec![change]),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_text_escapes_separators_and_spells_null() {
+        let mut out = String::new();
+        let mut scratch = String::new();
+        for v in [
+            Value::Text("a\tb\nc\\d\re".into()),
+            Value::Null,
+            Value::Bytes(vec![0, 0xab]),
+            Value::TimestampTz(0),
+        ] {
+            push_copy_text(&mut out, &mut scratch, &v);
+            out.push('|');
+        }
+        assert_eq!(
+            out,
+            "a\\tb\\nc\\\\d\\re|\\N|\\\\x00ab|1970-01-01 00:00:00+00|"
+        );
+    }
+}

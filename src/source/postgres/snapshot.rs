@@ -1,0 +1,530 @@
+//! The initial snapshot: copy every row of every published table into the sinks, consistently
+//! with the change stream that follows. Operator-facing account:
+//! `docs/connectors/postgres-source.md` (Initial snapshot).
+//!
+//! Flow, when Zipline creates the slot with `snapshot: initial`:
+//! 1. Every sink records a pending snapshot ([`begin`]), *then* the slot is created with
+//!    `CREATE_REPLICATION_SLOT … EXPORT_SNAPSHOT`: its consistent point is where streaming
+//!    starts, and the exported snapshot shows the database exactly as of that point. The
+//!    creating connection stays open and idle — the export lives only until its next command
+//!    (<https://www.postgresql.org/docs/15/protocol-replication.html>).
+//! 2. [`run`], before streaming: `snapshot_parallelism` readers ([`reader`]) each open a
+//!    REPEATABLE READ transaction importing the export; then the export connection closes.
+//! 3. The first reader plans chunks (ranges of a key column, [`plan`]) and every sink saves
+//!    the plan. Workers, one per reader, take chunks off a shared queue: `COPY` the range,
+//!    decode it ([`copy_text`]), optionally pass it through the route's transform, and hand it
+//!    to each sink's bulk path, which writes the rows and marks the chunk loaded in one
+//!    transaction ([`SinkConnector::snapshot_load_rows`], or `snapshot_load` for what a
+//!    transform made). While a worker's chunk is being loaded, its next one is read, so
+//!    source and sink work at once. Snapshot rows bypass the lanes.
+//! 4. Every sink marks the snapshot complete; streaming starts at the consistent point, so
+//!    every change committed after the snapshot — also during the copy — is applied on top.
+//!
+//! Resuming: after a crash the slot still stands at its consistent point (nothing was
+//! confirmed), but the export is gone. The chunks a sink has not loaded are copied from a new
+//! snapshot, newer than the consistent point; the stream then replays from the consistent
+//! point over them. Each change carries its whole row and is applied by key in commit order,
+//! so the sink converges to the source (a row may show an older state while the replay
+//! passes it). A slot that has to be created again (dropped, or lost with its server) gets a
+//! whole new snapshot: chunks loaded under an older one are forgotten, because the changes
+//! between that snapshot and the new slot's consistent point are in no stream.
+//!
+//! Snapshot changes carry `Position { lsn: <slot position>, ordinal: 0, sub: 0 }`: only a
+//! transform or a dead-letter record ever sees it.
+//!
+//! [`SinkConnector::snapshot_load_rows`]: crate::sink::SinkConnector::snapshot_load_rows
+
+mod copy_text;
+mod plan;
+mod progress;
+mod reader;
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use self::progress::{Progress, TableProgress};
+use self::reader::Reader;
+use super::PostgresSourceOptions;
+use super::conn::{ConnectParams, ReplicationConn};
+use crate::change::{Change, Lsn, Op, Position, Table, Value};
+use crate::error::ErrorClass;
+use crate::sink::{SinkConnector, SinkError, SnapshotChunk, SnapshotState};
+use crate::source::{SourceError, StopMode};
+use crate::transform::RouteTransform;
+
+/// Attempts per chunk and sink, and per chunk read, before a transient error is given up on.
+const MAX_ATTEMPTS: u32 = 10;
+
+/// What the snapshot needs besides the source options.
+pub(crate) struct Setup {
+    /// Readers (and concurrent chunk loads).
+    pub(crate) parallelism: u32,
+    /// Target rows per chunk.
+    pub(crate) chunk_rows: u64,
+    /// Period of the progress log lines.
+    pub(crate) progress_interval: Duration,
+    /// The route's sinks (connector instances of the source's own).
+    pub(crate) sinks: Vec<Box<dyn SinkConnector>>,
+    /// The route has a transform: sink tables are not the source tables.
+    pub(crate) transformed: bool,
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup")
+            .field("parallelism", &self.parallelism)
+            .field("chunk_rows", &self.chunk_rows)
+            .field(
+                "sinks",
+                &self.sinks.iter().map(|s| s.name()).collect::<Vec<_>>(),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// A snapshot exported by the slot's creation, alive while `conn` is open and idle.
+pub(crate) struct Exported {
+    pub(crate) conn: ReplicationConn,
+    pub(crate) name: String,
+}
+
+impl std::fmt::Debug for Exported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exported")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How [`run`] ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Done (or nothing to do): stream.
+    Continue,
+    /// Asked to stop; the chunks loaded so far stay recorded.
+    Stopped,
+}
+
+fn sink_err(e: SinkError) -> SourceError {
+    SourceError {
+        class: e.class,
+        message: e.message,
+    }
+}
+
+/// Before the slot is created: every sink forgets any earlier snapshot and records a pending
+/// one, so that a crash from here on is recognised as an interrupted snapshot. A sink that
+/// recorded loading rows of an earlier snapshot holds rows of an earlier slot, which may
+/// include rows deleted since (no stream carries what happened while no slot existed): its
+/// tables are emptied first, so the new snapshot leaves an exact copy.
+pub(crate) async fn begin(
+    connector: &str,
+    setup: &Setup,
+    tables: &[Arc<Table>],
+) -> Result<(), SourceError> {
+    for sink in &setup.sinks {
+        // Rows of an earlier slot: a complete snapshot (then the stream), or loaded chunks.
+        let wrote = match sink.snapshot_state().await.map_err(sink_err)? {
+            SnapshotState::None => false,
+            SnapshotState::Pending(chunks) => chunks.iter().any(|(_, loaded)| *loaded),
+            SnapshotState::Complete => true,
+        };
+        if wrote {
+            if setup.transformed {
+                tracing::warn!(
+                    connector,
+                    sink = sink.name(),
+                    "the slot had to be created again: the new snapshot overwrites the sink's rows, but rows deleted on the source while no slot existed may remain (the route's transform decides the sink tables, so Zipline cannot empty them)"
+                );
+            } else {
+                tracing::warn!(
+                    connector,
+                    sink = sink.name(),
+                    "the slot had to be created again: emptying the sink's tables, which may hold rows deleted on the source while no slot existed; the new snapshot copies every row"
+                );
+                sink.snapshot_clear(tables).await.map_err(sink_err)?;
+            }
+        }
+        sink.snapshot_begin(&[]).await.map_err(sink_err)?;
+    }
+    Ok(())
+}
+
+/// Everything [`run`] works with.
+pub(crate) struct Context<'a> {
+    pub(crate) opts: &'a PostgresSourceOptions,
+    pub(crate) params: &'a ConnectParams,
+    pub(crate) tables: &'a [Arc<Table>],
+    /// Stamped on snapshot changes (see the module docs).
+    pub(crate) lsn: Lsn,
+}
+
+/// Takes or resumes the snapshot (see the module docs); `Continue` when there is none to
+/// take. `transform` is the route's, lent for the run and handed back.
+pub(crate) async fn run(
+    cx: Context<'_>,
+    setup: Setup,
+    exported: Option<Exported>,
+    transform: &mut Option<RouteTransform>,
+    stop: &mut watch::Receiver<StopMode>,
+) -> Result<Outcome, SourceError> {
+    let connector = &cx.opts.connector;
+    let mut states = Vec::with_capacity(setup.sinks.len());
+    for sink in &setup.sinks {
+        states.push(sink.snapshot_state().await.map_err(sink_err)?);
+    }
+    let pending = |s: &SnapshotState| matches!(s, SnapshotState::Pending(_));
+    if !states.iter().any(pending) {
+        if let Some(exported) = exported {
+            exported.conn.close().await;
+        }
+        return Ok(Outcome::Continue);
+    }
+    let fresh = exported.is_some();
+    if fresh {
+        tracing::info!(connector = %connector, lsn = %cx.lsn, parallelism = setup.parallelism, "initial snapshot: copying every table as of the slot's consistent point");
+    } else {
+        tracing::warn!(connector = %connector, "resuming an interrupted initial snapshot from a new snapshot: chunks already loaded are kept, the rest is copied as of now, and the stream replays changes from the slot's consistent point on top (rows may show older states until it has caught up)");
+    }
+
+    // Readers first: the export must be imported before its connection goes.
+    let retries = cx.opts.connect_retries;
+    let opened = futures_util::future::try_join_all((0..setup.parallelism.max(1)).map(|_| {
+        Reader::open(
+            cx.params,
+            retries,
+            exported.as_ref().map(|e| e.name.as_str()),
+        )
+    }))
+    .await;
+    if let Some(exported) = exported {
+        exported.conn.close().await;
+    }
+    let readers = opened?;
+
+    let planner = readers[0].client();
+    let mut plan = plan::saved_plan(&states);
+    let current: Vec<String> = cx.tables.iter().map(|t| t.qualified_name()).collect();
+    if let Some(saved) = &plan {
+        let planned: BTreeSet<&str> = saved.iter().map(|c| c.table.as_str()).collect();
+        if planned != current.iter().map(String::as_str).collect() {
+            tracing::warn!(connector = %connector, planned = ?planned, tables = ?current, "the published tables changed since the snapshot was planned; planning it again (every chunk is copied again)");
+            plan = None;
+        }
+    }
+    let plan = match plan {
+        Some(plan) => plan,
+        None => {
+            let mut plan = Vec::new();
+            for table in cx.tables {
+                let column = plan::key_column(planner, table).await?;
+                plan.extend(plan::plan_table(planner, table, &column, setup.chunk_rows).await?);
+            }
+            plan
+        }
+    };
+    let work = plan::work(&states, &plan);
+    for &sink in &work.save_plan {
+        setup.sinks[sink]
+            .snapshot_begin(&plan)
+            .await
+            .map_err(sink_err)?;
+    }
+    if !fresh {
+        tracing::info!(connector = %connector, chunks = plan.len(), loaded = work.done, to_copy = work.todo.len(), "snapshot resumes: chunks every sink already holds are not copied again");
+    }
+
+    // Progress: estimates scaled to the chunks this run copies.
+    let mut tables_progress = Vec::with_capacity(cx.tables.len());
+    for table in cx.tables {
+        let name = table.qualified_name();
+        let total = plan.iter().filter(|c| c.table == name).count() as u64;
+        let todo = work.todo.iter().filter(|(c, _)| c.table == name).count() as u64;
+        let estimate = plan::estimate_rows(planner, table).await?;
+        let scaled = (estimate * todo).checked_div(total).unwrap_or(0);
+        tables_progress.push(TableProgress::new(name, scaled, todo as u32));
+    }
+    let progress = Arc::new(Progress::new(tables_progress));
+    let queue: VecDeque<Job> = work
+        .todo
+        .into_iter()
+        .map(|(chunk, sinks)| Job {
+            table: current
+                .iter()
+                .position(|t| *t == chunk.table)
+                .unwrap_or_default(),
+            chunk,
+            sinks,
+        })
+        .collect();
+    let chunks = queue.len();
+
+    let shared = Arc::new(Shared {
+        connector: connector.clone(),
+        params: cx.params.clone(),
+        retries,
+        tables: cx.tables.to_vec(),
+        sinks: setup.sinks,
+        queue: Mutex::new(queue),
+        progress: progress.clone(),
+        position: Position {
+            lsn: cx.lsn,
+            ordinal: 0,
+            sub: 0,
+        },
+        transform: transform.take().map(Arc::new),
+    });
+    let reporter = tokio::spawn(progress::report(progress.clone(), setup.progress_interval));
+    let mut workers = JoinSet::new();
+    for reader in readers {
+        workers.spawn(worker(shared.clone(), reader));
+    }
+    let result = supervise(&mut workers, stop).await;
+    reporter.abort();
+    progress::clear_terminal_line();
+    // Hand the transform back (the workers, holding the other references, have ended).
+    let Shared {
+        sinks,
+        transform: t,
+        ..
+    } = Arc::into_inner(shared).ok_or_else(|| {
+        SourceError::fatal(format!(
+            "{connector}: a snapshot worker outlived the snapshot"
+        ))
+    })?;
+    *transform = t.and_then(Arc::into_inner);
+    match result? {
+        Outcome::Stopped => {
+            tracing::info!(connector = %connector, rows = progress.total_rows(), "snapshot interrupted; the chunks loaded so far are kept and the next start resumes it");
+            return Ok(Outcome::Stopped);
+        }
+        Outcome::Continue => {}
+    }
+    for (sink, state) in sinks.iter().zip(&states) {
+        if pending(state) {
+            sink.snapshot_finish().await.map_err(sink_err)?;
+        }
+    }
+    let seconds = progress.elapsed().as_secs_f64();
+    let rows = progress.total_rows();
+    tracing::info!(
+        connector = %connector,
+        rows,
+        chunks,
+        seconds,
+        rows_per_sec = (rows as f64 / seconds.max(1e-3)).round() as u64,
+        "snapshot complete; streaming from the slot's consistent point"
+    );
+    Ok(Outcome::Continue)
+}
+
+/// Waits for every worker, or for a stop request (then stops them).
+async fn supervise(
+    workers: &mut JoinSet<Result<(), SourceError>>,
+    stop: &mut watch::Receiver<StopMode>,
+) -> Result<Outcome, SourceError> {
+    let outcome = loop {
+        tokio::select! {
+            done = workers.join_next() => match done {
+                None => break Ok(Outcome::Continue),
+                Some(Ok(Ok(()))) => {}
+                Some(Ok(Err(e))) => break Err(e),
+                Some(Err(join)) => break Err(SourceError::fatal(format!("a snapshot worker failed: {join}"))),
+            },
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow_and_update() != StopMode::Run {
+                    break Ok(Outcome::Stopped);
+                }
+            }
+        }
+    };
+    // Cancelled loads roll back: their connections close with the transaction open.
+    workers.abort_all();
+    while workers.join_next().await.is_some() {}
+    outcome
+}
+
+struct Job {
+    /// Index into the tables.
+    table: usize,
+    chunk: SnapshotChunk,
+    /// Sinks that need it.
+    sinks: Vec<usize>,
+}
+
+struct Shared {
+    connector: String,
+    params: ConnectParams,
+    retries: u32,
+    tables: Vec<Arc<Table>>,
+    sinks: Vec<Box<dyn SinkConnector>>,
+    queue: Mutex<VecDeque<Job>>,
+    progress: Arc<Progress>,
+    position: Position,
+    transform: Option<Arc<RouteTransform>>,
+}
+
+impl Shared {
+    fn next_job(&self) -> Option<Job> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pop_front()
+    }
+}
+
+/// Copies chunks off the queue until it is empty: while one chunk is loaded into the sinks,
+/// the next is read, so the source and the sinks work at the same time (at most two chunks
+/// in memory per worker).
+async fn worker(shared: Arc<Shared>, mut reader: Reader) -> Result<(), SourceError> {
+    let mut read: Option<(Job, Prepared, u64)> = None;
+    loop {
+        let next = shared.next_job();
+        if next.is_none() && read.is_none() {
+            return Ok(());
+        }
+        let reading = async {
+            let Some(job) = next else { return Ok(None) };
+            shared.progress.chunk_started(job.table);
+            let table = &shared.tables[job.table];
+            let rows = read_chunk(&shared, &mut reader, table, &job.chunk).await?;
+            let count = rows.len() as u64;
+            let prepared = match &shared.transform {
+                None => Prepared::Rows(rows),
+                Some(_) => Prepared::Changes(to_changes(&shared, table, rows, &job.chunk).await?),
+            };
+            Ok::<_, SourceError>(Some((job, prepared, count)))
+        };
+        let loading = async {
+            let Some((job, prepared, count)) = read.take() else {
+                return Ok(());
+            };
+            for &sink in &job.sinks {
+                let table = &shared.tables[job.table];
+                load(&shared, &*shared.sinks[sink], &job.chunk, table, &prepared).await?;
+            }
+            tracing::debug!(chunk = %job.chunk, rows = count, "snapshot chunk loaded");
+            if shared.progress.chunk_done(job.table, count) {
+                let t = &shared.progress.tables[job.table];
+                tracing::info!(connector = %shared.connector, table = %t.name, rows = t.rows(), seconds = shared.progress.table_seconds(job.table), "table copied");
+            }
+            Ok::<_, SourceError>(())
+        };
+        let (next_read, ()) = tokio::try_join!(reading, loading)?;
+        read = next_read;
+    }
+}
+
+/// One chunk's rows; a lost connection is replaced by one with a snapshot of its own (what a
+/// resumed snapshot does, see the module docs) and the chunk read again.
+async fn read_chunk(
+    shared: &Shared,
+    reader: &mut Reader,
+    table: &Table,
+    chunk: &SnapshotChunk,
+) -> Result<Vec<Vec<Value>>, SourceError> {
+    let mut attempt = 0;
+    loop {
+        match reader.copy_chunk(table, chunk).await {
+            Ok(rows) => return Ok(rows),
+            Err(e) if e.class == ErrorClass::Transient && attempt < MAX_ATTEMPTS => {
+                attempt += 1;
+                let delay = crate::lane::backoff_for(attempt);
+                tracing::warn!(connector = %shared.connector, chunk = %chunk, attempt, error = %e, "snapshot read failed; reconnecting with a new snapshot");
+                tokio::time::sleep(delay).await;
+                match Reader::open(&shared.params, shared.retries, None).await {
+                    Ok(fresh) => *reader = fresh,
+                    Err(e) if e.class == ErrorClass::Transient => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A chunk ready for the sinks.
+enum Prepared {
+    /// As read (no transform).
+    Rows(Vec<Vec<Value>>),
+    /// What the route's transform made of the rows.
+    Changes(Vec<Arc<Change>>),
+}
+
+/// Rows as insert changes through the route's transform.
+async fn to_changes(
+    shared: &Shared,
+    table: &Arc<Table>,
+    rows: Vec<Vec<Value>>,
+    chunk: &SnapshotChunk,
+) -> Result<Vec<Arc<Change>>, SourceError> {
+    let changes = rows.into_iter().map(|values| Change {
+        position: shared.position,
+        op: Op::Insert,
+        table: table.clone(),
+        key: table.key.iter().map(|&i| values[i].clone()).collect(),
+        old_key: None,
+        values,
+    });
+    let Some(transform) = &shared.transform else {
+        return Ok(changes.map(Arc::new).collect());
+    };
+    let mut out = Vec::new();
+    let mut rest = changes.peekable();
+    while rest.peek().is_some() {
+        let batch: Vec<Change> = rest.by_ref().take(transform.batch_size().max(1)).collect();
+        let transformed = transform
+            .transform(batch)
+            .await
+            .map_err(|e| SourceError::fatal(format!("{}: {e}", shared.connector)))?;
+        for (_, change) in transformed {
+            let whole = matches!(change.op, Op::Insert | Op::Update)
+                && !change.values.contains(&Value::Unchanged);
+            if !whole {
+                return Err(SourceError::fatal(format!(
+                    "{}: the transform made a {} of {} out of a snapshot row of {chunk}; the \
+                     snapshot writes whole rows only",
+                    shared.connector,
+                    change.op.as_str(),
+                    change.table.qualified_name()
+                )));
+            }
+            out.push(Arc::new(Change {
+                op: Op::Insert,
+                ..change
+            }));
+        }
+    }
+    Ok(out)
+}
+
+/// Loads a chunk into one sink, retrying transient failures with backoff.
+async fn load(
+    shared: &Shared,
+    sink: &dyn SinkConnector,
+    chunk: &SnapshotChunk,
+    table: &Arc<Table>,
+    prepared: &Prepared,
+) -> Result<(), SourceError> {
+    let mut attempt = 0;
+    loop {
+        let result = match prepared {
+            Prepared::Rows(rows) => sink.snapshot_load_rows(chunk, table, rows).await,
+            Prepared::Changes(changes) => sink.snapshot_load(chunk, changes).await,
+        };
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if e.class == ErrorClass::Transient && attempt < MAX_ATTEMPTS => {
+                attempt += 1;
+                let delay = crate::lane::backoff_for(attempt);
+                tracing::warn!(connector = %shared.connector, sink = sink.name(), chunk = %chunk, attempt, delay_ms = delay.as_millis() as u64, error = %e.message, "loading a snapshot chunk failed; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) => return Err(sink_err(e)),
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! SQL Server change data capture source (`source/sqlserver`).
+//!
+//! SQL Server's capture job (a SQL Server Agent job) reads the transaction log and copies
+//! every change of a CDC-enabled table into that table's change table; Zipline polls the
+//! change tables, it never reads the log itself. See
+//! <https://learn.microsoft.com/sql/relational-databases/track-changes/about-change-data-capture-sql-server>.
+//!
+//! Flow:
+//! 1. Preflight (read-only): log in (TLS through rustls, password from `password` or
+//!    `secret_refs`), check that CDC is enabled on the database and on every configured
+//!    table (else the error says which statement enables it), that snapshot isolation is
+//!    allowed when a snapshot may be needed, that a capture job exists, and load each table's
+//!    capture instances with their captured columns, key and types ([`catalog`]).
+//! 2. `run`: ask the sinks for the durable frontier. SQL Server keeps no cursor for a reader
+//!    (unlike a PostgreSQL slot), so the sinks' checkpoint rows are the only durable record of
+//!    how far the pipeline got; [`SinkConnector::durable_frontier`] returns the lowest
+//!    position every lane has committed, and [`SinkConnector::advance_frontier`] lifts idle
+//!    lanes' rows to the frontier the ack tracker has confirmed, so one quiet lane does not
+//!    hold the restart point back until the change tables' retention has passed it.
+//! 3. With no frontier: an initial snapshot ([`snapshot`]) or, with `snapshot: never`, start
+//!    at the current maximum LSN. With one: stream from it ([`stream`], [`reader`]).
+//!
+//! Positions are `(commit LSN, ordinal)`; the mapping from `(__$start_lsn, __$seqval,
+//! __$operation)` is described in [`lsn`].
+//!
+//! [`SinkConnector::durable_frontier`]: crate::sink::SinkConnector::durable_frontier
+//! [`SinkConnector::advance_frontier`]: crate::sink::SinkConnector::advance_frontier
+
+mod catalog;
+mod conn;
+mod lsn;
+mod reader;
+mod snapshot;
+mod sql;
+mod stream;
+mod types;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::change::Table;
+use crate::sink::{BoxFuture, SinkConnector};
+use crate::source::{Outputs, Source, SourceError, SourceStats, StopMode};
+
+/// Whether a pipeline without a durable frontier first copies the tables' current rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotMode {
+    /// Copy every row (consistently with the change stream), then stream.
+    Initial,
+    /// Stream only changes committed after the first start.
+    Never,
+}
+
+/// What the source needs to know; built from the pipeline file.
+#[derive(Clone)]
+pub struct SqlServerSourceOptions {
+    /// Connector name, for logs and errors.
+    pub connector: String,
+    /// Host name or IP address.
+    pub host: String,
+    /// TCP port.
+    pub port: u16,
+    /// Database holding the tables.
+    pub database: String,
+    /// SQL Server login.
+    pub user: String,
+    /// Password; never logged or printed.
+    pub password: Option<String>,
+    /// Tables as `(schema, table)`.
+    pub tables: Vec<(String, String)>,
+    /// Pause between polls that found nothing new.
+    pub poll_interval: Duration,
+    /// Encrypt the connection (TLS), failing if the server cannot.
+    pub encrypt: bool,
+    /// Accept the server's certificate without validating it.
+    pub trust_server_certificate: bool,
+    /// What to do without a durable frontier.
+    pub snapshot: SnapshotMode,
+    /// Time allowed for one connection attempt.
+    pub connect_timeout: Duration,
+    /// Further attempts after a failed connect at startup.
+    pub connect_retries: u32,
+}
+
+impl std::fmt::Debug for SqlServerSourceOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlServerSourceOptions")
+            .field("connector", &self.connector)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("database", &self.database)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tables", &self.tables)
+            .field("poll_interval", &self.poll_interval)
+            .field("encrypt", &self.encrypt)
+            .field("trust_server_certificate", &self.trust_server_certificate)
+            .field("snapshot", &self.snapshot)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A sink of the route, asked where to resume and told what is durable.
+pub struct SinkLanes {
+    /// The sink connector.
+    pub connector: Box<dyn SinkConnector>,
+    /// Its lane count.
+    pub lanes: u32,
+}
+
+impl std::fmt::Debug for SinkLanes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SinkLanes")
+            .field("connector", &self.connector.name())
+            .field("lanes", &self.lanes)
+            .finish()
+    }
+}
+
+/// A SQL Server source, between preflight and streaming.
+#[derive(Debug)]
+pub struct SqlServerSource {
+    opts: SqlServerSourceOptions,
+    captured: Vec<catalog::Captured>,
+    tables: Vec<Arc<Table>>,
+    sinks: Vec<SinkLanes>,
+}
+
+impl SqlServerSource {
+    /// Read-only preflight: reach the server (bounded retries), check CDC on the database and
+    /// the tables, load the capture instances. `sinks` are the route's sinks (see the module
+    /// docs for why the source talks to them).
+    pub async fn preflight(
+        opts: SqlServerSourceOptions,
+        sinks: Vec<SinkLanes>,
+    ) -> Result<Self, SourceError> {
+        let mut conn = conn::connect_with_retries(&opts).await?;
+        check_database(&mut conn, &opts).await?;
+        let captured = catalog::resolve(&mut conn, &opts, &opts.tables).await?;
+        let tables = captured.iter().map(|c| c.current().shape.clone()).collect();
+        for c in &captured {
+            tracing::info!(connector = %opts.connector, table = %c.qualified(), capture_instance = %c.current().name, columns = c.current().columns.len(), "table captured");
+        }
+        let _ = conn.close().await;
+        Ok(SqlServerSource {
+            opts,
+            captured,
+            tables,
+            sinks,
+        })
+    }
+}
+
+async fn check_database(
+    conn: &mut conn::Conn,
+    opts: &SqlServerSourceOptions,
+) -> Result<(), SourceError> {
+    let doing = "checking the database's CDC settings";
+    let rows = conn::query(conn, opts, doing, sql::DATABASE_STATE).await?;
+    let row = rows.first().ok_or_else(|| {
+        SourceError::fatal(format!(
+            "{}: database {} is not visible to user {}",
+            opts.connector, opts.database, opts.user
+        ))
+    })?;
+    let bad = |e| conn::bad_result(opts, doing, e);
+    let cdc = conn::int(row, 1, "cdc_enabled").map_err(bad)?;
+    let snapshot_isolation = conn::int(row, 2, "snapshot_isolation").map_err(bad)?;
+    if cdc != Some(1) {
+        return Err(SourceError::fatal(format!(
+            "{}: change data capture is not enabled on database {}; a member of sysadmin can \
+             enable it with: {} (then enable each table with sys.sp_cdc_enable_table)",
+            opts.connector,
+            opts.database,
+            sql::enable_database_hint(&opts.database)
+        )));
+    }
+    if opts.snapshot == SnapshotMode::Initial && snapshot_isolation != Some(1) {
+        return Err(SourceError::fatal(format!(
+            "{}: the initial snapshot reads under snapshot isolation, which database {} does \
+             not allow; enable it with: {} (or set `snapshot: never`)",
+            opts.connector,
+            opts.database,
+            sql::snapshot_isolation_hint(&opts.database)
+        )));
+    }
+    // The capture job is what fills the change tables. Reading msdb needs rights the source's
+    // user may lack, so only a definite "no job" stops the source.
+    match conn::query(
+        conn,
+        opts,
+        "looking for the CDC capture job",
+        sql::CAPTURE_JOB,
+    )
+    .await
+    {
+        Ok(rows) => {
+            let jobs = rows
+                .first()
+                .map(|r| conn::int(r, 0, "jobs"))
+                .transpose()
+                .map_err(|e| conn::bad_result(opts, "looking for the CDC capture job", e))?
+                .flatten();
+            if jobs == Some(0) {
+                return Err(SourceError::fatal(format!(
+                    "{}: database {} has no CDC capture job, so its change tables never fill; \
+                     create it with: EXEC sys.sp_cdc_add_job @job_type = N'capture'; and make \
+                     sure SQL Server Agent runs",
+                    opts.connector, opts.database
+                )));
+            }
+        }
+        Err(e) => {
+            tracing::warn!(connector = %opts.connector, error = %e, "cannot check for the CDC capture job; make sure SQL Server Agent runs the capture job of this database");
+        }
+    }
+    Ok(())
+}
+
+impl Source for SqlServerSource {
+    fn name(&self) -> &str {
+        &self.opts.connector
+    }
+
+    fn tables(&self) -> &[Arc<Table>] {
+        &self.tables
+    }
+
+    fn prepare(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {
+        // Nothing to create upstream: CDC is enabled by the DBA, and the position is kept
+        // by the sinks.
+        Box::pin(async { Ok(()) })
+    }
+
+    fn run(
+        self: Box<Self>,
+        outputs: Outputs,
+        stop: tokio::sync::watch::Receiver<StopMode>,
+        stats: Arc<SourceStats>,
+    ) -> BoxFuture<'static, Result<(), SourceError>> {
+        Box::pin(async move {
+            let SqlServerSource {
+                opts,
+                captured,
+                sinks,
+                ..
+            } = *self;
+            stream::run(&opts, captured, &sinks, outputs, stop, stats).await
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn options() -> SqlServerSourceOptions {
+        SqlServerSourceOptions {
+            connector: "mssql".into(),
+            host: "127.0.0.1".into(),
+            port: 1433,
+            database: "shop".into(),
+            user: "zipline".into(),
+            password: Some("hunter2-secret".into()),
+            tables: vec![("dbo".into(), "orders".into())],
+            poll_interval: Duration::from_millis(500),
+            encrypt: true,
+            trust_server_certificate: false,
+            snapshot: SnapshotMode::Initial,
+            connect_timeout: Duration::from_secs(10),
+            connect_retries: 5,
+        }
+    }
+
+    #[test]
+    fn debug_output_hides_the_password() {
+        let debug = format!("{:?}", options());
+        assert!(!debug.contains("hunter2-secret") && debug.contains("<redacted>"));
+    }
+}

@@ -1,0 +1,262 @@
+//! Transforms end to end, through the binary, between real PostgreSQL and MariaDB servers:
+//!
+//! - the Rust example guest (`guest-examples/rust-mask`) masks `orders.customer` and drops
+//!   table `audit_log`: the sink ends up with exactly the source's rows, customer masked, and
+//!   no `audit_log` row, through inserts, updates of masked and unmasked columns, key changes
+//!   and deletes, over 4 lanes;
+//! - a guest that refuses one change, under `on_error: dead_letter`: that change is in the
+//!   dead-letter file and nowhere else, everything else arrives, the pipeline keeps running;
+//! - a guest that traps on one change, under the default `on_error: halt`: the pipeline stops
+//!   with an error naming route, module and change, and the sink has nothing from the
+//!   transaction that failed.
+//!
+//! The components are built by `tests/guests/build.sh` into `target/guests/`.
+
+mod common;
+mod e2e;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use e2e::{
+    Fixture, MY_DB, PG_DB, PipelineOpts, Rows, diff_rows, my_rows, pg_rows, pipeline_yaml,
+    wait_streaming,
+};
+
+fn guest(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("target/guests/{name}.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing: build the test guests first with tests/guests/build.sh (or `.ci/run guests`)",
+        path.display()
+    );
+    path
+}
+
+/// The pipeline with `transform` lines appended to its route.
+fn pipeline(transform: &str) -> String {
+    format!(
+        "{}    transform:\n{transform}",
+        pipeline_yaml(&PipelineOpts::default())
+    )
+}
+
+/// rust-mask's masking, for the expected rows.
+fn mask(s: &str) -> String {
+    let Some(first) = s.chars().next() else {
+        return String::new();
+    };
+    let domain = s.rfind('@').map_or("", |at| &s[at..]);
+    format!("{first}***{domain}")
+}
+
+/// Polls until the sink's orders equal `expected(source rows)`; panics with the difference.
+async fn wait_sink_equals(
+    fx: &Fixture,
+    z: &mut e2e::Zipline,
+    expected: impl Fn(Rows) -> Rows,
+    timeout: Duration,
+) -> Rows {
+    let pg = fx.pg_client().await;
+    let mut my = fx.my_checker().await;
+    let deadline = Instant::now() + timeout;
+    loop {
+        z.assert_running();
+        let want = expected(pg_rows(&pg).await);
+        let got = my_rows(&mut my).await;
+        match diff_rows(&want, &got) {
+            None => return got,
+            Some(diff) if Instant::now() >= deadline => {
+                panic!(
+                    "sink did not converge within {timeout:?}:\n{diff}\nlog:\n{}",
+                    z.tail(60)
+                )
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+const AUDIT_PG: &str = "CREATE TABLE audit_log (id bigserial PRIMARY KEY, what text)";
+const AUDIT_MY: &str = "CREATE TABLE audit_log (id BIGINT PRIMARY KEY, what TEXT) ENGINE=InnoDB";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_guest_masks_a_column_and_drops_a_table() {
+    let mut fx = Fixture::start();
+    fx.pg.psql(PG_DB, AUDIT_PG);
+    fx.my.sql(MY_DB, AUDIT_MY);
+    fx.write_pipeline(&pipeline(&format!(
+        "      module: {}\n      config: {{ columns: customer, drop: audit_log }}\n      limits: {{ memory: 64MiB, timeout: 200ms }}\n      on_error: dead_letter\n",
+        guest("rust-mask").display()
+    )));
+    let pg = fx.pg_client().await;
+    let mut z = fx.apply();
+    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
+
+    // Small transactions (one statement each) and large ones, with the dropped table mixed in.
+    for i in 1..=60i64 {
+        let customer = match i % 5 {
+            0 => "NULL".to_owned(),
+            1 => "''".to_owned(),
+            _ => format!("'customer{i}@example.com'"),
+        };
+        pg.batch_execute(&format!(
+            "BEGIN;
+             INSERT INTO orders (id, customer, amount, status, note) VALUES ({i}, {customer}, {i}.50, 'new', 'n{i}');
+             INSERT INTO audit_log (what) VALUES ('insert {i}');
+             COMMIT;"
+        ))
+        .await
+        .unwrap();
+    }
+    pg.batch_execute(
+        "BEGIN;
+         INSERT INTO orders (id, customer, amount, status)
+           SELECT g, 'bulk' || g || '@shop.test', g, 'bulk' FROM generate_series(1000, 2999) g;
+         INSERT INTO audit_log (what) SELECT 'bulk ' || g FROM generate_series(1, 500) g;
+         COMMIT;
+         UPDATE orders SET customer = 'renamed' || id || '@new.test' WHERE id % 3 = 0;
+         UPDATE orders SET status = 'paid', amount = amount + 1 WHERE id % 3 = 1;
+         UPDATE orders SET id = id + 10000 WHERE id BETWEEN 2000 AND 2099;
+         DELETE FROM orders WHERE id % 7 = 0;
+         UPDATE audit_log SET what = 'changed';
+         DELETE FROM audit_log WHERE id % 2 = 0;",
+    )
+    .await
+    .unwrap();
+
+    let masked = |rows: Rows| -> Rows {
+        rows.into_iter()
+            .map(|mut r| {
+                r[1] = r[1].as_deref().map(mask);
+                r
+            })
+            .collect()
+    };
+    let rows = wait_sink_equals(&fx, &mut z, masked, Duration::from_secs(90)).await;
+    assert!(rows.len() > 1500, "{} rows", rows.len());
+    assert!(
+        rows.iter()
+            .any(|r| r[1].as_deref() == Some("r***@new.test"))
+    );
+    assert!(
+        rows.iter().any(|r| r[1].as_deref() == Some("")),
+        "empty text stays empty"
+    );
+    let mut my = fx.my_checker().await;
+    let audit: Vec<i64> = mysql_async::prelude::Queryable::query(
+        &mut my,
+        format!("SELECT id FROM {MY_DB}.audit_log"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        audit.is_empty(),
+        "the dropped table reached the sink: {} rows",
+        audit.len()
+    );
+    let unmasked: Vec<String> = mysql_async::prelude::Queryable::query(
+        &mut my,
+        format!("SELECT customer FROM {MY_DB}.orders WHERE customer LIKE '%customer%' OR customer LIKE 'bulk%'"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        unmasked.is_empty(),
+        "unmasked values in the sink: {unmasked:?}"
+    );
+    assert!(
+        !fx.dir.path().join("orders.deadletter.jsonl").exists(),
+        "nothing failed"
+    );
+    z.terminate_cleanly(Duration::from_secs(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_change_is_dead_lettered_and_the_rest_arrives() {
+    let mut fx = Fixture::start();
+    fx.write_pipeline(&pipeline(&format!(
+        "      module: {}\n      config: {{ mode: reject, key: \"13\" }}\n      on_error: dead_letter\n",
+        guest("hostile").display()
+    )));
+    let pg = fx.pg_client().await;
+    let mut z = fx.apply();
+    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
+    pg.batch_execute(
+        "INSERT INTO orders (id, customer, status) SELECT g, 'c' || g, 'new' FROM generate_series(1, 20) g;
+         UPDATE orders SET status = 'paid' WHERE id > 10;",
+    )
+    .await
+    .unwrap();
+    // Row 13's insert and update were both refused: the sink never has it.
+    let without_13 = |rows: Rows| -> Rows {
+        rows.into_iter()
+            .filter(|r| r[0].as_deref() != Some("13"))
+            .collect()
+    };
+    wait_sink_equals(&fx, &mut z, without_13, Duration::from_secs(60)).await;
+    let dl = std::fs::read_to_string(fx.dir.path().join("orders.deadletter.jsonl")).unwrap();
+    let records: Vec<serde_json::Value> = dl
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2, "{dl}");
+    for (r, op) in records.iter().zip(["insert", "update"]) {
+        assert_eq!(r["change"]["op"], op);
+        assert_eq!(r["change"]["key"][0], 13);
+        assert_eq!(r["change"]["table"], "public.orders");
+        assert_eq!(r["route"], "orders-db");
+        assert_eq!(
+            r["reason"],
+            "the transform refused the change: rejected on purpose"
+        );
+    }
+    assert!(z.output().contains("dead-lettered"), "{}", z.tail(40));
+    z.terminate_cleanly(Duration::from_secs(20));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trapping_guest_halts_the_pipeline_naming_route_module_and_change() {
+    let mut fx = Fixture::start();
+    let module = guest("hostile");
+    fx.write_pipeline(&pipeline(&format!(
+        "      module: {}\n      config: {{ mode: trap, key: \"7\" }}\n",
+        module.display()
+    )));
+    let pg = fx.pg_client().await;
+    let mut z = fx.apply();
+    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
+    pg.batch_execute("INSERT INTO orders (id, customer) VALUES (1, 'a'), (2, 'b')")
+        .await
+        .unwrap();
+    let only_1_2 = |rows: Rows| rows;
+    wait_sink_equals(&fx, &mut z, only_1_2, Duration::from_secs(60)).await;
+    pg.batch_execute("INSERT INTO orders (id, customer) VALUES (6, 'f'), (7, 'g'), (8, 'h')")
+        .await
+        .unwrap();
+    let status = z
+        .wait_exit(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("zipline kept running; log:\n{}", z.tail(40)));
+    assert!(!status.success());
+    let log = z.output();
+    let want = format!(
+        "route orders-db: transform {} failed on change ",
+        module.display()
+    );
+    assert!(log.contains(&want), "{log}");
+    assert!(
+        log.contains("(insert on public.orders): trapped: unreachable code reached (a panic or abort in the guest); halting (on_error: halt)"),
+        "{log}"
+    );
+    // Nothing of 7 reached the sink. (6 may have, if it was transformed in an earlier batch
+    // than 7: lanes apply changes before their transaction is complete, and the frontier,
+    // which did not move past this transaction, makes a restart deliver it again.)
+    let mut my = fx.my_checker().await;
+    let ids: Vec<i64> = mysql_async::prelude::Queryable::query(
+        &mut my,
+        format!("SELECT id FROM {MY_DB}.orders ORDER BY id"),
+    )
+    .await
+    .unwrap();
+    assert!(ids.starts_with(&[1, 2]) && !ids.contains(&7), "{ids:?}");
+}

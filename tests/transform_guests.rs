@@ -1,0 +1,415 @@
+//! Transforms against real components: the Rust example guest, and hostile guests that loop,
+//! exhaust memory, trap, panic, flood their output, return invalid output, or try to reach
+//! files, environment, clock and network. Each must be contained (the host goes on, with a
+//! fresh instance when the old one trapped) and the route's `on_error` policy applied to the
+//! change to blame, and only to it.
+//!
+//! The components are built by `tests/guests/build.sh` (`.ci/run guests`) into
+//! `target/guests/`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use zipline::change::{Change, Column, Lsn, Op, Position, Table, Value};
+use zipline::config::{OnError, TransformLimits, TransformSpec};
+use zipline::transform::{Module, TransformError, Transformer};
+
+fn guest(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("target/guests/{name}.wasm"));
+    assert!(
+        path.exists(),
+        "{} is missing: build the test guests first with tests/guests/build.sh (or `.ci/run guests`)",
+        path.display()
+    );
+    path
+}
+
+fn make_spec(
+    name: &str,
+    config: &[(&str, &str)],
+    on_error: OnError,
+) -> (TransformSpec, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TransformSpec {
+        module: guest(name),
+        module_label: format!("{name}.wasm"),
+        config: config
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+        limits: TransformLimits {
+            memory: 32 << 20,
+            timeout: Duration::from_millis(200),
+            output: 1 << 20,
+        },
+        on_error,
+        dead_letter: dir.path().join("dl.jsonl"),
+        batch_size: 1000,
+    };
+    (spec, dir)
+}
+
+fn users() -> Arc<Table> {
+    let col = |name: &str, oid, key| Column {
+        name: name.into(),
+        type_oid: oid,
+        type_modifier: -1,
+        is_key: key,
+    };
+    Arc::new(Table::new(
+        "public".into(),
+        "users".into(),
+        vec![
+            col("id", 20, true),
+            col("email", 25, false),
+            col("name", 25, false),
+        ],
+    ))
+}
+
+fn audit() -> Arc<Table> {
+    Arc::new(Table::new(
+        "public".into(),
+        "audit_log".into(),
+        vec![Column {
+            name: "id".into(),
+            type_oid: 23,
+            type_modifier: -1,
+            is_key: true,
+        }],
+    ))
+}
+
+/// Inserts of ids `1..=n` into `users`, one transaction.
+fn batch(n: i64) -> Vec<Change> {
+    let t = users();
+    (1..=n)
+        .map(|id| Change {
+            position: Position::new(Lsn(0x100), id as u32),
+            op: Op::Insert,
+            table: t.clone(),
+            key: vec![Value::Int8(id)],
+            old_key: None,
+            values: vec![
+                Value::Int8(id),
+                Value::Text(format!("user{id}@example.com")),
+                Value::Text(format!("User {id}")),
+            ],
+        })
+        .collect()
+}
+
+fn ids(out: &[(usize, Change)]) -> Vec<i64> {
+    out.iter()
+        .map(|(_, c)| match c.key[0] {
+            Value::Int8(i) => i,
+            ref v => panic!("unexpected key {v:?}"),
+        })
+        .collect()
+}
+
+#[test]
+fn rust_mask_masks_columns_drops_tables_and_keeps_updates_and_deletes() {
+    let (spec, _d) = make_spec(
+        "rust-mask",
+        &[("columns", "email"), ("drop", "audit_log")],
+        OnError::Halt,
+    );
+    let mut t = Transformer::new("orders-db", &spec).unwrap();
+    let u = users();
+    let mut changes = batch(2);
+    let source_table = changes[0].table.clone();
+    changes.push(Change {
+        position: Position::new(Lsn(0x100), 3),
+        op: Op::Insert,
+        table: audit(),
+        key: vec![Value::Int4(9)],
+        old_key: None,
+        values: vec![Value::Int4(9)],
+    });
+    changes.push(Change {
+        position: Position::new(Lsn(0x100), 4),
+        op: Op::Update,
+        table: u.clone(),
+        key: vec![Value::Int8(1)],
+        old_key: None,
+        values: vec![Value::Int8(1), Value::Unchanged, Value::Text("Ada".into())],
+    });
+    changes.push(Change {
+        position: Position::new(Lsn(0x100), 5),
+        op: Op::Delete,
+        table: u.clone(),
+        key: vec![Value::Int8(2)],
+        old_key: None,
+        values: vec![],
+    });
+    let out = t.transform(changes).unwrap();
+    let got: Vec<(usize, Op, Vec<Value>)> = out
+        .iter()
+        .map(|(i, c)| (*i, c.op, c.values.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                0,
+                Op::Insert,
+                vec![
+                    Value::Int8(1),
+                    Value::Text("u***@example.com".into()),
+                    Value::Text("User 1".into())
+                ]
+            ),
+            (
+                1,
+                Op::Insert,
+                vec![
+                    Value::Int8(2),
+                    Value::Text("u***@example.com".into()),
+                    Value::Text("User 2".into())
+                ]
+            ),
+            (
+                3,
+                Op::Update,
+                vec![Value::Int8(1), Value::Unchanged, Value::Text("Ada".into())]
+            ),
+            (4, Op::Delete, vec![]),
+        ]
+    );
+    assert_eq!(out[3].1.key, [Value::Int8(2)]);
+    // Shapes the guest returned unchanged come back as the source's own table.
+    assert!(Arc::ptr_eq(&out[0].1.table, &source_table));
+    assert!(Arc::ptr_eq(&out[2].1.table, &u));
+    assert_eq!(out.iter().map(|(_, c)| c.position.sub).max(), Some(0));
+
+    // An empty config passes everything through unchanged.
+    let (spec, _d) = make_spec("rust-mask", &[], OnError::Halt);
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let input = batch(3);
+    let out = t.transform(input.clone()).unwrap();
+    assert_eq!(out.into_iter().map(|(_, c)| c).collect::<Vec<_>>(), input);
+}
+
+#[test]
+fn init_errors_and_bad_modules_are_named() {
+    let (spec, _d) = make_spec("rust-mask", &[("colour", "red")], OnError::Halt);
+    let e = Transformer::new("r", &spec).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "route r: transform rust-mask.wasm: init refused the config: unknown config key `colour`; \
+         expected columns, column, drop"
+    );
+    for (name, want) in [
+        (
+            "wrong-world",
+            "does not implement the world zipline:transform/transform@0.1.0",
+        ),
+        (
+            "missing-transform",
+            "does not implement the world zipline:transform/transform@0.1.0",
+        ),
+        (
+            "imports-unknown",
+            "imports something Zipline does not provide",
+        ),
+    ] {
+        let e = Module::load(&guest(name), name).unwrap_err();
+        assert!(e.contains(want), "{name}: {e}");
+    }
+    let e = Module::from_bytes(b"\0asm\x0d\0\x01\0\x07\x7f", "m").unwrap_err();
+    assert!(e.starts_with("not a valid WebAssembly component"), "{e}");
+    let e = Module::from_bytes(b"GIF89a..", "m").unwrap_err();
+    assert!(e.contains("not a WebAssembly file"), "{e}");
+}
+
+#[test]
+fn infinite_loop_times_out_and_only_its_change_is_skipped() {
+    let (spec, _d) = make_spec("hostile", &[("mode", "loop"), ("key", "5")], OnError::Skip);
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let stats = t.stats();
+    let started = Instant::now();
+    let out = t.transform(batch(8)).unwrap();
+    // The batch times out, then each change alone: only #5 times out again.
+    assert_eq!(ids(&out), [1, 2, 3, 4, 6, 7, 8]);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(stats.skipped.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        stats.restarts.load(Ordering::Relaxed),
+        2,
+        "a fresh instance after each timeout"
+    );
+    // The instance that replaced the looping one works.
+    assert_eq!(ids(&t.transform(batch(3)).unwrap()), [1, 2, 3]);
+}
+
+#[test]
+fn infinite_loop_halts_naming_route_module_and_change() {
+    let (spec, _d) = make_spec("hostile", &[("mode", "loop")], OnError::Halt);
+    let mut t = Transformer::new("orders-db", &spec).unwrap();
+    let e = t.transform(batch(1)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "route orders-db: transform hostile.wasm failed on change 0/100#1 (insert on public.users): \
+         timed out after 200ms (limits.timeout); halting (on_error: halt)"
+    );
+    assert!(matches!(e, TransformError::Halted { .. }));
+}
+
+#[test]
+fn memory_bomb_hits_the_limit_and_is_dead_lettered() {
+    let (spec, dir) = make_spec(
+        "hostile",
+        &[("mode", "bomb"), ("key", "2")],
+        OnError::DeadLetter,
+    );
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let out = t.transform(batch(3)).unwrap();
+    assert_eq!(ids(&out), [1, 3]);
+    let text = std::fs::read_to_string(dir.path().join("dl.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    let reason = lines[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("memory limit exceeded: the guest tried to grow its memory to")
+            && reason.ends_with("(limits.memory is 32MiB)"),
+        "{reason}"
+    );
+    assert_eq!(lines[0]["change"]["key"][0], 2);
+    assert_eq!(
+        lines[0]["change"]["values"][1], "user2@example.com",
+        "the original change"
+    );
+    assert_eq!(lines[0]["module"], "hostile.wasm");
+}
+
+#[test]
+fn traps_and_panics_are_contained() {
+    let (spec, _d) = make_spec("hostile", &[("mode", "trap"), ("key", "1")], OnError::Halt);
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let e = t.transform(batch(2)).unwrap_err().to_string();
+    assert!(
+        e.contains("change 0/100#1 ") && e.contains("unreachable code reached"),
+        "{e}"
+    );
+
+    let (spec, _d) = make_spec("hostile", &[("mode", "panic")], OnError::Halt);
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let e = t.transform(batch(1)).unwrap_err().to_string();
+    assert!(
+        e.contains("a panic or abort in the guest")
+            && e.contains("guest panicked: panicked at src/lib.rs")
+            && e.contains("hostile guest panics on purpose"),
+        "{e}"
+    );
+}
+
+#[test]
+fn refusals_and_invalid_outputs_apply_the_policy() {
+    // A per-change error: one call, the others pass.
+    let (spec, dir) = make_spec(
+        "hostile",
+        &[("mode", "reject"), ("key", "2")],
+        OnError::DeadLetter,
+    );
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let stats = t.stats();
+    assert_eq!(ids(&t.transform(batch(3)).unwrap()), [1, 3]);
+    assert_eq!(stats.calls.load(Ordering::Relaxed), 1);
+    let text = std::fs::read_to_string(dir.path().join("dl.jsonl")).unwrap();
+    assert!(
+        text.contains("the transform refused the change: rejected on purpose"),
+        "{text}"
+    );
+
+    for (mode, want) in [
+        (
+            "err",
+            "the transform returned an error: hostile guest refuses the batch",
+        ),
+        (
+            "bad-table",
+            "invalid output: output change #0: table #1000 does not exist",
+        ),
+        (
+            "bad-values",
+            "invalid output: output change #0 (public.users): 2 values for 3 columns",
+        ),
+        ("bad-position", "is not the position of any input change"),
+        (
+            "oversize",
+            "invalid output: output exceeds the limit of 1048576 bytes (limits.output)",
+        ),
+    ] {
+        let (spec, _d) = make_spec("hostile", &[("mode", mode)], OnError::Halt);
+        let mut t = Transformer::new("r", &spec).unwrap();
+        let e = t.transform(batch(1)).unwrap_err().to_string();
+        assert!(e.contains(want), "{mode}: {e}");
+        // None of these traps: the same instance keeps serving.
+        assert_eq!(t.stats().restarts.load(Ordering::Relaxed), 0, "{mode}");
+    }
+}
+
+#[test]
+fn fan_out_gets_sub_positions_and_rekeying_changes_keys() {
+    let (spec, _d) = make_spec("hostile", &[("mode", "fanout")], OnError::Halt);
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let out = t.transform(batch(2)).unwrap();
+    let got: Vec<(usize, String, u32)> = out
+        .iter()
+        .map(|(i, c)| (*i, c.table.name.clone(), c.position.sub))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, "users".into(), 0),
+            (0, "users_copy".into(), 1),
+            (1, "users".into(), 0),
+            (1, "users_copy".into(), 1)
+        ]
+    );
+    assert!(
+        Arc::ptr_eq(&out[1].1.table, &out[3].1.table),
+        "one Arc per new shape"
+    );
+    assert_eq!(out[1].1.table.key, [0]);
+
+    let (spec, _d) = make_spec("hostile", &[("mode", "rekey")], OnError::Halt);
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let out = t.transform(batch(1)).unwrap();
+    assert_eq!(out[0].1.key, [Value::Int8(1_000_001)]);
+    assert_eq!(out[0].1.values[0], Value::Int8(1_000_001));
+}
+
+#[test]
+fn wasi_guest_gets_no_files_env_clock_or_network() {
+    let (spec, _d) = make_spec("wasi-probe", &[], OnError::Halt);
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let out = t.transform(batch(1)).unwrap();
+    let Value::Text(report) = &out[0].1.values[1] else {
+        panic!("no report: {:?}", out[0].1.values);
+    };
+    for part in [
+        "file:denied",
+        "dir:denied",
+        "env:none (0 vars)",
+        "clock:0;",
+        "std-socket:denied",
+        "lookup:denied",
+        "tcp:denied",
+    ] {
+        assert!(report.contains(part), "expected `{part}` in: {report}");
+    }
+    for leak in ["READ", "LISTED", "HOME=", "CONNECTED", "STARTED"] {
+        assert!(!report.contains(leak), "`{leak}` in: {report}");
+    }
+}
