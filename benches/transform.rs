@@ -4,13 +4,15 @@
 //!    host path (conversion to WIT, the call, output checks, conversion back): a pass-through
 //!    and a masking transform, in Rust (`guest-examples/rust-mask`) and JavaScript
 //!    (`guest-examples/js-mask`), next to the same logic written natively in the host.
-//! 2. **Pipeline throughput**: a backlog of changes (default 200,000; 100 per transaction:
+//! 2. **Pipeline throughput**: a backlog of changes (default 500,000; 100 per transaction:
 //!    60 inserts, 30 updates, 10 deletes) replayed PostgreSQL → MariaDB by `zipline pipeline
-//!    apply` twice in one run, from two slots created before the backlog: without a
-//!    transform, then with the Rust masking transform; changes/s of each and the ratio.
+//!    apply` from slots created before the backlog, alternating without a transform and with
+//!    the Rust masking transform (`ZIPLINE_BENCH_ROUNDS`, default 2, rounds of each, so load
+//!    from other processes falls on both alike); changes/s of each and the ratio.
 //!
 //! `cargo bench --bench transform` (env: `ZIPLINE_BENCH_CHANGES`, `ZIPLINE_BENCH_BATCHES`,
-//! `ZIPLINE_BENCH_GUESTS=rust,javascript`, `ZIPLINE_BENCH_SKIP_PIPELINE=1`). Needs the guests in `target/guests/` (`.ci/run guests`);
+//! `ZIPLINE_BENCH_ROUNDS`, `ZIPLINE_BENCH_GUESTS=rust,javascript`,
+//! `ZIPLINE_BENCH_SKIP_PIPELINE=1`). Needs the guests in `target/guests/` (`.ci/run guests`);
 //! a missing JavaScript guest is reported and skipped.
 
 #[path = "../tests/common/mod.rs"]
@@ -270,19 +272,26 @@ fn generate(changes: usize) -> (Vec<String>, usize) {
     (txs, count)
 }
 
-async fn pipeline(changes: usize) {
+/// The slots of `rounds` alternating runs: `plain1, wasm1, plain2, wasm2, …`.
+fn runs(rounds: usize) -> Vec<String> {
+    (1..=rounds)
+        .flat_map(|r| [format!("plain{r}"), format!("wasm{r}")])
+        .collect()
+}
+
+async fn pipeline(changes: usize, rounds: usize) {
     let pg = common::Postgres::start();
     let my = common::MariaDb::start();
     pg.create_database("bench");
     pg.psql("bench", "CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, price numeric(12,2) NOT NULL)");
     pg.psql("bench", "CREATE PUBLICATION zbench FOR TABLE items");
-    for slot in ["plain", "wasm"] {
+    for slot in runs(rounds) {
         pg.psql(
             "bench",
             &format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"),
         );
-        my.create_database(slot);
-        my.sql(slot, "CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NOT NULL, price DECIMAL(12,2) NOT NULL)");
+        my.create_database(&slot);
+        my.sql(&slot, "CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NOT NULL, price DECIMAL(12,2) NOT NULL)");
     }
     let client = pg.client("bench").await;
     let (txs, changes) = generate(changes);
@@ -294,13 +303,15 @@ async fn pipeline(changes: usize) {
     }
     let end_lsn = pg.psql("bench", "SELECT pg_current_wal_lsn()");
     println!(
-        "pipeline: backlog of {changes} changes in {} transactions, 4 lanes:",
+        "pipeline: backlog of {changes} changes in {} transactions, 4 lanes, {rounds} alternating rounds:",
         txs.len()
     );
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut rates = Vec::new();
-    for slot in ["plain", "wasm"] {
-        let transform = if slot == "wasm" {
+    // Seconds spent without and with the transform, summed over the rounds.
+    let (mut plain_secs, mut wasm_secs) = (0.0, 0.0);
+    for slot in runs(rounds) {
+        let wasm = slot.starts_with("wasm");
+        let transform = if wasm {
             format!(
                 "    transform:\n      module: {}\n      config: {{ columns: name }}\n",
                 guest("rust-mask").display()
@@ -348,25 +359,33 @@ async fn pipeline(changes: usize) {
             .args(["-TERM", &child.id().to_string()])
             .status();
         let _ = child.wait();
-        let rate = changes as f64 / secs;
+        if wasm {
+            wasm_secs += secs;
+        } else {
+            plain_secs += secs;
+        }
         println!(
-            "  {:<26} {changes} changes in {secs:.2}s = {rate:.0} changes/s",
-            if slot == "wasm" {
-                "with the Rust transform:"
+            "  {slot:<7} {:<22} {changes} changes in {secs:.2}s = {:.0} changes/s",
+            if wasm {
+                "with the Rust transform"
             } else {
-                "without a transform:"
-            }
+                "without a transform"
+            },
+            changes as f64 / secs
         );
-        rates.push(rate);
     }
-    println!("  ratio with/without       {:.2}", rates[1] / rates[0]);
+    let total = (changes * rounds) as f64;
+    let (plain_rate, wasm_rate) = (total / plain_secs, total / wasm_secs);
+    println!("  without a transform, all rounds: {plain_rate:.0} changes/s");
+    println!("  with the Rust transform, all rounds: {wasm_rate:.0} changes/s");
+    println!("  ratio with/without: {:.2}", wasm_rate / plain_rate);
     let count = |db: &str| {
         my.sql(
             db,
             "SELECT CONCAT(COUNT(*), ':', SUM(qty), ':', SUM(name LIKE '%***%')) FROM items",
         )
     };
-    let (plain, wasm) = (count("plain"), count("wasm"));
+    let (plain, wasm) = (count("plain1"), count("wasm1"));
     println!("  sinks (rows:sum(qty):masked) plain {plain}, wasm {wasm}");
     assert_eq!(
         plain.split(':').take(2).collect::<Vec<_>>(),
@@ -378,6 +397,10 @@ async fn pipeline(changes: usize) {
 async fn main() {
     per_change(env_or("ZIPLINE_BENCH_BATCHES", 200));
     if std::env::var_os("ZIPLINE_BENCH_SKIP_PIPELINE").is_none() {
-        pipeline(env_or("ZIPLINE_BENCH_CHANGES", 200_000)).await;
+        pipeline(
+            env_or("ZIPLINE_BENCH_CHANGES", 500_000),
+            env_or("ZIPLINE_BENCH_ROUNDS", 2).max(1),
+        )
+        .await;
     }
 }

@@ -38,7 +38,7 @@ pub enum PipelineError {
         error: SourceError,
     },
     /// A sink failed before streaming started.
-    #[error("sink {connector}: {error}")]
+    #[error("{}", named("sink", connector, &error.message))]
     Sink {
         /// Sink connector name.
         connector: String,
@@ -416,5 +416,15 @@ async fn report_progress(every: Duration, source: Arc<SourceStats>, lanes: Vec<A
         );
         last_applied = applied;
         last = Instant::now();
+    }
+}
+
+/// `kind name: message`, unless the message already starts by naming the connector.
+fn named(kind: &str, connector: &str, message: &str) -> String {
+    let prefix = format!("{kind} {connector}");
+    if message.starts_with(&prefix) {
+        message.to_owned()
+    } else {
+        format!("{prefix}: {message}")
     }
 }

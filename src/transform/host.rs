@@ -2,9 +2,10 @@
 //! its log lines and stdout/stderr go.
 //!
 //! The sandbox is the WASI context built here: no preopened directories, no environment
-//! variables, no arguments, stdin closed, TCP, UDP and name lookup refused, and both clocks
-//! frozen at the Unix epoch (a transform must be deterministic: it runs again over the same
-//! changes after a restart, and a clock would make its output differ). Randomness stays
+//! variables, no arguments, stdin closed, TCP, UDP and name lookup refused, the wall clock
+//! frozen at the Unix epoch and the monotonic clock a counter (a transform must be
+//! deterministic: it runs again over the same changes after a restart, and the host's time
+//! would make its output differ). Randomness stays
 //! available (WASI requires it; guests' hash maps seed from it) but grants no authority.
 //! Guests that import no WASI never see any of this. See
 //! <https://docs.rs/wasmtime-wasi/48.0.8/wasmtime_wasi/struct.WasiCtxBuilder.html>.

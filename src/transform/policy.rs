@@ -49,6 +49,9 @@ pub struct Transformer {
     cache: TableCache,
     dead_letter: DeadLetter,
     stats: Arc<TransformStats>,
+    /// The last batch's input, kept until [`Transformer::release`]: freeing its thousands of
+    /// values is work the caller need not wait for.
+    spent: Option<InputBatch>,
 }
 
 impl std::fmt::Debug for Transformer {
@@ -94,6 +97,7 @@ impl Transformer {
             cache: TableCache::default(),
             dead_letter: DeadLetter::new(&spec.dead_letter),
             stats: Arc::new(TransformStats::default()),
+            spent: None,
         })
     }
 
@@ -110,6 +114,7 @@ impl Transformer {
         &mut self,
         changes: Vec<Change>,
     ) -> Result<Vec<(usize, Change)>, TransformError> {
+        self.release();
         let n = changes.len();
         self.stats.changes_in.fetch_add(n as u64, Ordering::Relaxed);
         let input = InputBatch::new(changes);
@@ -134,7 +139,14 @@ impl Transformer {
         self.stats
             .changes_out
             .fetch_add(outputs.len() as u64, Ordering::Relaxed);
+        self.spent = Some(input);
         Ok(outputs)
+    }
+
+    /// Frees the last batch's input (the next [`Transformer::transform`] does it otherwise).
+    /// [`super::RouteTransform`]'s thread calls it after handing the outputs over.
+    pub fn release(&mut self) {
+        self.spent = None;
     }
 
     fn call(&mut self, input: &InputBatch) -> Result<Checked, Failure> {

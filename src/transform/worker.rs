@@ -61,6 +61,8 @@ impl RouteTransform {
                 }
                 while let Ok((changes, reply)) = rx.recv() {
                     let _ = reply.send(t.transform(changes));
+                    // While the source dispatches the outputs.
+                    t.release();
                 }
             })
             .map_err(|e| TransformError::Stopped {

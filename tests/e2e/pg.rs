@@ -335,3 +335,199 @@ pub async fn wait_snapshot_complete(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Fixtures of the sink-level tests (`tests/pg_sink*.rs`): options, tables and changes built
+/// by hand, a cluster with the sink database, and lane helpers.
+pub mod fixtures {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::common::Postgres;
+    use zipline::change::{Change, Column, Lsn, Op, Position, Table, Value};
+    use zipline::sink::postgres::{PostgresConnector, PostgresSinkOptions};
+    use zipline::sink::{Batch, LaneSink, SinkConnector};
+
+    pub const DB: &str = super::SINK_DB;
+
+    pub fn options(pg: &Postgres) -> PostgresSinkOptions {
+        PostgresSinkOptions {
+            connector: "pg-out".into(),
+            pipeline: "orders-pipe".into(),
+            host: pg.host().into(),
+            port: pg.port,
+            database: DB.into(),
+            user: "postgres".into(),
+            password: None,
+            schema: None,
+            create_tables: false,
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+
+    pub fn col(name: &str, type_oid: u32, type_modifier: i32, is_key: bool) -> Column {
+        Column {
+            name: name.into(),
+            type_oid,
+            type_modifier,
+            is_key,
+        }
+    }
+
+    pub fn table(name: &str, cols: Vec<Column>) -> Arc<Table> {
+        Arc::new(Table::new("public".into(), name.into(), cols))
+    }
+
+    /// A source enum's OID: meaningless on the sink, which casts the text to its own enum.
+    pub const SOURCE_MOOD_OID: u32 = 91_234;
+
+    pub fn orders() -> Arc<Table> {
+        table(
+            "orders",
+            vec![
+                col("id", 23, -1, true),
+                col("note", 25, -1, false),
+                col("qty", 20, -1, false),
+                col("price", 701, -1, false),
+                col("weight", 700, -1, false),
+                col("placed", 1114, -1, false),
+                col("paid_at", 1184, -1, false),
+                col("due", 1082, -1, false),
+                col("ref", 2950, -1, false),
+                col("blob", 17, -1, false),
+                col("amount", 1700, 786_438, false),
+                col("doc", 3802, -1, false),
+                col("mood", SOURCE_MOOD_OID, -1, false),
+                col("tags", 1007, -1, false),
+                col("span", 1186, -1, false),
+                col("at", 1083, -1, false),
+                col("flag", 16, -1, false),
+                col("small", 21, -1, false),
+            ],
+        )
+    }
+
+    pub const ORDERS_DDL: &str = "CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+        CREATE TABLE orders (id int4 PRIMARY KEY, note text, qty int8 NOT NULL, price float8,
+          weight float4, placed timestamp, paid_at timestamptz, due date, ref uuid, blob bytea,
+          amount numeric(12,2), doc jsonb, mood mood, tags int4[], span interval, at time,
+          flag bool, small int2);
+        CREATE TABLE expected (LIKE orders);";
+
+    pub fn pos(lsn: u64, ordinal: u32) -> Position {
+        Position {
+            lsn: Lsn::from(lsn),
+            ordinal,
+            sub: 0,
+        }
+    }
+
+    /// A row with every kind of value; `id`, `note` and `qty` vary.
+    pub fn order_row(id: i32, note: &str, qty: i64) -> Vec<Value> {
+        vec![
+            Value::Int4(id),
+            Value::Text(note.into()),
+            Value::Int8(qty),
+            Value::Float8(0.1),
+            Value::Float4(f32::MAX),
+            Value::Timestamp(1_706_704_496_123_456),
+            Value::TimestampTz(-62_135_596_800_000_001),
+            Value::Date(i32::MAX),
+            Value::Uuid([0xab; 16]),
+            Value::Bytes(vec![0, 0xff, b'\'', b'\\']),
+            Value::Numeric("-1234567890.12".into()),
+            Value::Json(r#"{"a": [1, "x\"y"], "b": null}"#.into()),
+            Value::Other {
+                type_oid: SOURCE_MOOD_OID,
+                text: "happy".into(),
+            },
+            Value::Other {
+                type_oid: 1007,
+                text: "{1,NULL,-3}".into(),
+            },
+            Value::Other {
+                type_oid: 1186,
+                text: "1 year 2 mons -3 days +04:05:06.789".into(),
+            },
+            Value::Time(86_400_000_000),
+            Value::Bool(false),
+            Value::Int2(i16::MIN),
+        ]
+    }
+
+    /// The same row as SQL literals, for the `expected` table PostgreSQL parses itself.
+    pub fn order_literal(id: i32, note: &str, qty: i64) -> String {
+        format!(
+            "({id}, '{}', {qty}, 0.1, '3.4028235e38', '2024-01-31 12:34:56.123456', \
+             '0001-12-31 23:59:59.999999+00 BC', 'infinity', 'abababab-abab-abab-abab-abababababab', \
+             '\\x00ff275c', -1234567890.12, '{{\"a\": [1, \"x\\\"y\"], \"b\": null}}', 'happy', \
+             '{{1,NULL,-3}}', '1 year 2 mons -3 days +04:05:06.789', '24:00:00', false, -32768)",
+            note.replace('\'', "''")
+        )
+    }
+
+    pub fn change(
+        t: &Arc<Table>,
+        at: Position,
+        op: Op,
+        key: Vec<Value>,
+        old_key: Option<Vec<Value>>,
+        values: Vec<Value>,
+    ) -> Arc<Change> {
+        Arc::new(Change {
+            position: at,
+            op,
+            table: Arc::clone(t),
+            key,
+            old_key,
+            values,
+        })
+    }
+
+    pub fn upsert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Arc<Change> {
+        let key = t.key.iter().map(|&i| values[i].clone()).collect();
+        change(t, at, Op::Update, key, None, values)
+    }
+
+    pub fn delete(t: &Arc<Table>, at: Position, key: Vec<Value>) -> Arc<Change> {
+        change(t, at, Op::Delete, key, None, Vec::new())
+    }
+
+    /// A cluster with database `replica` and whatever `ddl` creates there.
+    pub fn server(ddl: &str) -> Postgres {
+        let pg = Postgres::start();
+        pg.create_database(DB);
+        if !ddl.is_empty() {
+            pg.psql(DB, ddl);
+        }
+        pg
+    }
+
+    pub fn checkpoints(pg: &Postgres) -> String {
+        pg.psql(
+            DB,
+            "SELECT pipeline, connector, lane, lanes, lsn, ordinal, sub FROM _zipline_checkpoints \
+             ORDER BY pipeline, connector, lane",
+        )
+    }
+
+    /// Whole rows of `table` as text, in UTC.
+    pub fn rows(pg: &Postgres, table: &str) -> String {
+        pg.psql(
+            DB,
+            &format!("SET TimeZone = 'UTC'; SELECT t::text FROM {table} t ORDER BY id"),
+        )
+    }
+
+    pub async fn open(connector: &PostgresConnector, lane: u32, lanes: u32) -> Box<dyn LaneSink> {
+        connector
+            .open_lane(lane, lanes)
+            .await
+            .unwrap_or_else(|e| panic!("opening lane {lane}/{lanes}: {}", e.message))
+    }
+
+    pub async fn apply(lane: &mut Box<dyn LaneSink>, changes: Vec<Arc<Change>>) {
+        lane.apply(&Batch { lane: 0, changes })
+            .await
+            .unwrap_or_else(|e| panic!("{}", e.message));
+    }
+}

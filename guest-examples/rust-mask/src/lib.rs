@@ -10,6 +10,10 @@
 //! untouched TOASTed values (`unchanged`) pass as they are; other types are left alone. A
 //! masked key column is masked in the key too, so updates and deletes still find their row.
 //! With an empty config the transform passes every change through unchanged.
+//!
+//! After `init` it allocates from a per-batch arena (`arena.rs`): everything a call allocates
+//! is freed when the call ends, so a bump pointer and a count do what a general allocator
+//! would, for less.
 
 use std::sync::OnceLock;
 

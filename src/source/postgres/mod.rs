@@ -1,9 +1,10 @@
 //! PostgreSQL logical replication source (pgoutput).
 //!
 //! Zipline creates and owns a publication and a logical slot, then streams from the slot with
-//! `START_REPLICATION`. It never polls and never scans a table: its load follows the write
-//! rate, not the table size. The slot's confirmed flush position only ever moves to the
-//! durable frontier reported by the lanes' ack tracker.
+//! `START_REPLICATION`. It never polls: its load follows the write rate, not the table size —
+//! except once, when it creates the slot and copies the existing rows (`snapshot`, unless
+//! `snapshot: never`). The slot's confirmed flush position only ever moves to the durable
+//! frontier reported by the lanes' ack tracker.
 
 mod conn;
 pub(crate) mod pgoutput;

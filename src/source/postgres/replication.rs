@@ -89,7 +89,11 @@ pub(crate) async fn run(
     stats: Arc<SourceStats>,
 ) -> Result<(), SourceError> {
     // Ticks serve both the status interval and the receive watchdog.
-    let mut ticker = tokio::time::interval(opts.status_interval.min(opts.receive_timeout / 4));
+    let mut ticker = tokio::time::interval(
+        opts.status_interval
+            .min(opts.receive_timeout / 4)
+            .min(FRONTIER_REPORT_EVERY),
+    );
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut st = State {
         opts,
@@ -297,12 +301,16 @@ async fn watchdog(st: &mut State<'_>, stream: &mut ReplicationStream) -> Result<
     periodic_report(st, stream).await
 }
 
-/// A status update when `status_interval` has passed since the last one.
+/// A status update when `status_interval` has passed since the last one, or sooner when the
+/// frontier moved (so the slot releases WAL and reports progress promptly once caught up).
 async fn periodic_report(
     st: &mut State<'_>,
     stream: &mut ReplicationStream,
 ) -> Result<(), SourceError> {
-    if st.last_report.elapsed() >= st.opts.status_interval {
+    let since = st.last_report.elapsed();
+    if since >= st.opts.status_interval
+        || (st.tracker.frontier() > st.reported && since >= FRONTIER_REPORT_EVERY)
+    {
         report(st, stream, false).await?;
     }
     Ok(())
@@ -611,12 +619,14 @@ async fn send(
     change: Change,
 ) -> Result<Flow, SourceError> {
     let sender = st.outputs.routers[sink].sender(lane).clone();
+    // A clone: a Drain noticed while waiting here must still reach the main loop.
+    let mut stop = st.stop.clone();
     let permit = loop {
         tokio::select! {
             biased;
             permit = sender.reserve() => break permit.map_err(|_| SourceError::fatal(format!("{}: lane {lane} of sink #{sink} stopped", st.opts.connector)))?,
-            _ = st.stop.changed() => {
-                if *st.stop.borrow() == StopMode::Abort {
+            _ = stop.changed() => {
+                if *stop.borrow() == StopMode::Abort {
                     return on_stop(st, stream).await;
                 }
             }
@@ -663,13 +673,15 @@ async fn wait_idle_streaming(
     st: &mut State<'_>,
     stream: &mut ReplicationStream,
 ) -> Result<bool, SourceError> {
+    // A clone: a Drain noticed while waiting here must still reach the main loop.
+    let mut stop = st.stop.clone();
     while st.tracker.in_flight() > 0 {
         tokio::select! {
             ack = st.outputs.acks.recv() => match ack {
                 Some(ack) => { st.tracker.ack(&ack); drain_acks(st); }
                 None => return Err(SourceError::fatal(format!("{}: every lane stopped", st.opts.connector))),
             },
-            _ = st.stop.changed() => if *st.stop.borrow() == StopMode::Abort { return Ok(false) },
+            _ = stop.changed() => if *stop.borrow() == StopMode::Abort { return Ok(false) },
             _ = st.ticker.tick() => periodic_report(st, stream).await?,
         }
     }

@@ -9,15 +9,24 @@
 //! the transformed key. Truncates and TOAST moves pass through the transform too, and are made
 //! barriers afterwards if what comes out still needs one.
 //!
-//! Batching across transactions is what makes small transactions cheap to transform; flushing
-//! when the socket goes quiet keeps the added latency at one guest call.
+//! A full batch is handed to the transform's thread and left *in flight* while the next one
+//! is read and decoded; it is replayed just before the next is handed over (so batches are
+//! replayed strictly in order, and at most two are held). Every other flush — the socket
+//! went quiet, a keepalive, a drain — completes everything: the tracker must know every
+//! staged transaction before it may call itself idle, and a quiet socket has no next batch
+//! to overlap with. Batching across transactions is what makes small transactions cheap to
+//! transform; flushing when the socket goes quiet keeps the added latency at one guest call.
+
+use std::future::Future;
+use std::pin::Pin;
 
 use super::{
     Flow, ReplicationStream, SourceError, State, StopMode, barrier_send, dispatch, drain_acks,
-    maybe_report, report,
+    maybe_report, periodic_report,
 };
 use crate::change::{Change, Lsn};
 use crate::lane::needs_barrier;
+use crate::transform::TransformError;
 
 enum Item {
     Begin { commit_lsn: Lsn, commit_time: i64 },
@@ -25,22 +34,34 @@ enum Item {
     Change,
 }
 
-/// What waits for the next transform call.
+type Outputs = Result<Vec<(usize, Change)>, TransformError>;
+
+/// A batch handed to the transform whose outputs have not been replayed yet.
+struct InFlight {
+    items: Vec<Item>,
+    call: Pin<Box<dyn Future<Output = Outputs> + Send>>,
+}
+
+/// What waits for (or is in) a transform call.
 #[derive(Default)]
 pub(super) struct Staged {
     items: Vec<Item>,
     changes: Vec<Change>,
+    in_flight: Option<InFlight>,
 }
 
 impl Staged {
+    /// True when nothing is staged or in flight.
     pub(super) fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.items.is_empty() && self.in_flight.is_none()
     }
 
-    /// Forget everything (the stream broke: the server resends it all).
+    /// Forget everything (the stream broke: the server resends it all). A call in flight
+    /// still runs to its end on the transform's thread; its outputs are dropped.
     pub(super) fn clear(&mut self) {
         self.items.clear();
         self.changes.clear();
+        self.in_flight = None;
     }
 
     pub(super) fn begin(&mut self, commit_lsn: Lsn, commit_time: i64) {
@@ -60,7 +81,8 @@ pub(super) fn active(st: &State<'_>) -> bool {
     st.outputs.transform.is_some()
 }
 
-/// Stage one change; transform and dispatch when the batch is full.
+/// Stage one change. When the batch is full: replay the batch in flight, if any, and put this
+/// one in flight.
 pub(super) async fn push(
     st: &mut State<'_>,
     stream: &mut ReplicationStream,
@@ -73,29 +95,74 @@ pub(super) async fn push(
         .transform
         .as_ref()
         .is_some_and(|t| st.staged.changes.len() >= t.batch_size());
-    if full {
-        flush(st, stream).await
-    } else {
-        Ok(Flow::Continue)
+    if !full {
+        return Ok(Flow::Continue);
     }
+    if let Flow::Stopped = complete_in_flight(st, stream).await? {
+        return Ok(Flow::Stopped);
+    }
+    submit(st);
+    Ok(Flow::Continue)
 }
 
-/// Transform what is staged and replay it: markers to the tracker, outputs to the lanes.
+/// Transform and replay everything staged or in flight.
 pub(super) async fn flush(
     st: &mut State<'_>,
     stream: &mut ReplicationStream,
 ) -> Result<Flow, SourceError> {
-    if st.staged.is_empty() {
+    if let Flow::Stopped = complete_in_flight(st, stream).await? {
+        return Ok(Flow::Stopped);
+    }
+    if st.staged.items.is_empty() {
         return Ok(Flow::Continue);
     }
+    submit(st);
+    complete_in_flight(st, stream).await
+}
+
+/// Hands what is staged to the transform (nothing may be in flight).
+fn submit(st: &mut State<'_>) {
     let items = std::mem::take(&mut st.staged.items);
     let changes = std::mem::take(&mut st.staged.changes);
-    let outputs = if changes.is_empty() {
-        Vec::new()
-    } else {
-        match transform(st, stream, changes).await? {
-            Some(o) => o,
-            None => return Ok(Flow::Stopped),
+    let call: Pin<Box<dyn Future<Output = Outputs> + Send>> = match &st.outputs.transform {
+        Some(t) if !changes.is_empty() => Box::pin(t.transform(changes)),
+        // Only markers (or no transform): nothing to call.
+        _ => Box::pin(std::future::ready(Ok(changes
+            .into_iter()
+            .enumerate()
+            .collect()))),
+    };
+    st.staged.in_flight = Some(InFlight { items, call });
+}
+
+/// Waits for the batch in flight (serving acks and status updates meanwhile) and replays
+/// it: markers to the tracker, outputs to the lanes.
+async fn complete_in_flight(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+) -> Result<Flow, SourceError> {
+    let Some(InFlight { items, mut call }) = st.staged.in_flight.take() else {
+        return Ok(Flow::Continue);
+    };
+    // A clone, so that a Drain seen here is still news to the main loop.
+    let mut stop = st.stop.clone();
+    let outputs = loop {
+        tokio::select! {
+            biased;
+            result = &mut call => {
+                break result.map_err(|e| SourceError::fatal(e.to_string()))?;
+            }
+            _ = stop.changed() => {
+                if *stop.borrow() == StopMode::Abort {
+                    return Ok(Flow::Stopped);
+                }
+            }
+            Some(ack) = st.outputs.acks.recv() => {
+                st.tracker.ack(&ack);
+                drain_acks(st);
+                maybe_report(st, stream).await?;
+            }
+            _ = st.ticker.tick() => periodic_report(st, stream).await?,
         }
     };
     let mut outputs = outputs.into_iter().peekable();
@@ -128,39 +195,4 @@ pub(super) async fn flush(
         }
     }
     Ok(Flow::Continue)
-}
-
-/// One transform call, serving acks and status updates while the guest runs. `None` when
-/// the pipeline aborts meanwhile.
-async fn transform(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    changes: Vec<Change>,
-) -> Result<Option<Vec<(usize, Change)>>, SourceError> {
-    let Some(t) = st.outputs.transform.as_ref() else {
-        return Ok(Some(changes.into_iter().enumerate().collect()));
-    };
-    let call = t.transform(changes);
-    tokio::pin!(call);
-    // A clone, so that a Drain seen here is still news to the main loop.
-    let mut stop = st.stop.clone();
-    loop {
-        tokio::select! {
-            biased;
-            result = &mut call => {
-                return result.map(Some).map_err(|e| SourceError::fatal(e.to_string()));
-            }
-            _ = stop.changed() => {
-                if *stop.borrow() == StopMode::Abort {
-                    return Ok(None);
-                }
-            }
-            Some(ack) = st.outputs.acks.recv() => {
-                st.tracker.ack(&ack);
-                drain_acks(st);
-                maybe_report(st, stream).await?;
-            }
-            _ = st.ticker.tick() => report(st, stream, false).await?,
-        }
-    }
 }

@@ -1,0 +1,525 @@
+//! One lane's writer: its connection, checkpoint, caches, and the transaction of a batch
+//! (see the parent module's docs for the message flow).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Statement};
+
+use super::errors::{connection_lost, sink_error};
+use super::schema::{self, SinkTable};
+use super::sql::{self, Kind, Stmt, qualified};
+use super::{Shared, diagnose, pipeline};
+use crate::change::{Change, Position, Table, Value};
+use crate::checkpoint;
+use crate::error::ErrorClass;
+use crate::sink::coalesce::{Row, TablePlan, coalesce};
+use crate::sink::{Batch, BoxFuture, LaneSink, SinkError};
+
+/// How long a ROLLBACK may take before the connection is just dropped.
+const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Batches written with upserts only after a plain insert met an existing key (a stretch of
+/// replayed changes), before plain inserts are tried again.
+const SAFE_AFTER_CONFLICT: u32 = 16;
+
+/// Prepared statements kept per connection before the cache is emptied (shapes are few; this
+/// only bounds a pathological stream of ever-new shapes).
+const STATEMENT_CACHE_LIMIT: usize = 512;
+
+/// What a batch does besides its coalesced tables.
+enum Prelude<'a> {
+    None,
+    /// Empty this table first.
+    Truncate(&'a Table),
+    /// Move the row at the old key to the change's key first (a TOAST move).
+    Move(&'a Change, &'a [Value]),
+}
+
+/// One lane's writer: its connection, checkpoint and caches.
+pub(super) struct PostgresLane {
+    shared: Arc<Shared>,
+    /// `None` after a broken connection; the next call connects again.
+    client: Option<Client>,
+    lane: u32,
+    lanes: u32,
+    checkpoint: Option<Position>,
+    /// Sink table definitions by (schema, name), read once per connection.
+    tables: HashMap<(String, String), Arc<SinkTable>>,
+    /// Prepared statements by SQL text, per connection.
+    statements: HashMap<String, Statement>,
+    checkpoint_sql: String,
+    /// A call was cancelled midway and may have left a transaction open.
+    dirty: bool,
+    /// Batches still to write without plain inserts (after a conflict or a retry).
+    safe_batches: u32,
+}
+
+impl fmt::Debug for PostgresLane {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLane")
+            .field("sink", &self.shared.sink())
+            .field("lane", &self.lane)
+            .field("lanes", &self.lanes)
+            .field("checkpoint", &self.checkpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A failure, and whether the connection must be dropped.
+struct Failure {
+    error: SinkError,
+    lost: bool,
+    /// A plain insert met an existing key: write the batch again with upserts.
+    conflict: bool,
+}
+
+impl Failure {
+    /// `err`, met while `doing` something, from the server or the connection.
+    fn pg(sink: &str, doing: &str, err: &tokio_postgres::Error) -> Self {
+        Failure {
+            error: sink_error(sink, doing, err),
+            lost: connection_lost(err),
+            conflict: false,
+        }
+    }
+}
+
+impl From<SinkError> for Failure {
+    fn from(error: SinkError) -> Self {
+        Failure {
+            error,
+            lost: false,
+            conflict: false,
+        }
+    }
+}
+
+impl PostgresLane {
+    /// Lane `lane` of `lanes` on `client`, resuming after `checkpoint`.
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        client: Client,
+        lane: u32,
+        lanes: u32,
+        checkpoint: Option<Position>,
+    ) -> Self {
+        let checkpoint_sql = checkpoint::postgres::upsert_sql(shared.checkpoint_schema());
+        PostgresLane {
+            shared,
+            client: Some(client),
+            lane,
+            lanes,
+            checkpoint,
+            tables: HashMap::new(),
+            statements: HashMap::new(),
+            checkpoint_sql,
+            dirty: false,
+            safe_batches: 0,
+        }
+    }
+
+    fn forget_connection(&mut self) {
+        self.client = None;
+        self.tables.clear();
+        self.statements.clear();
+        self.dirty = false;
+    }
+
+    /// Writes the prelude and `tables` with the checkpoint moved to `position`, in one
+    /// transaction.
+    async fn write(
+        &mut self,
+        prelude: Prelude<'_>,
+        tables: &[TablePlan<'_>],
+        position: Position,
+    ) -> Result<(), SinkError> {
+        if self.dirty {
+            // A cancelled call may have left a transaction open; a new session is clean.
+            self.forget_connection();
+        }
+        if self.client.is_none() {
+            self.client = Some(self.shared.connect().await?);
+        }
+        self.dirty = true;
+        let mut fast = self.safe_batches == 0;
+        let mut result = self.run(&prelude, tables, position, fast).await;
+        if fast && matches!(&result, Err(f) if f.conflict) {
+            // A replay: the rows are there already. Same batch, upserts only.
+            tracing::debug!(
+                sink = self.shared.sink(),
+                lane = self.lane,
+                "plain insert met an existing key; writing the batch with upserts"
+            );
+            self.rollback().await;
+            self.safe_batches = SAFE_AFTER_CONFLICT;
+            fast = false;
+            if self.client.is_none() {
+                // The ROLLBACK failed and the connection went with it.
+                self.client = Some(self.shared.connect().await?);
+            }
+            result = self.run(&prelude, tables, position, fast).await;
+        }
+        self.dirty = false;
+        match result {
+            Ok(()) => {
+                if !fast {
+                    self.safe_batches = self.safe_batches.saturating_sub(1);
+                }
+                self.checkpoint = Some(position);
+                Ok(())
+            }
+            Err(Failure { error, lost, .. }) => {
+                if lost {
+                    self.forget_connection();
+                } else {
+                    self.rollback().await;
+                }
+                tracing::debug!(sink = self.shared.sink(), lane = self.lane, error = %error.message, "batch failed");
+                Err(error)
+            }
+        }
+    }
+
+    /// Ends whatever transaction a failed call left open, or drops the connection.
+    async fn rollback(&mut self) {
+        let Some(client) = self.client.as_ref() else {
+            return;
+        };
+        match tokio::time::timeout(ROLLBACK_TIMEOUT, client.batch_execute("ROLLBACK")).await {
+            Ok(Ok(())) => {}
+            _ => self.forget_connection(),
+        }
+    }
+
+    async fn run(
+        &mut self,
+        prelude: &Prelude<'_>,
+        tables: &[TablePlan<'_>],
+        position: Position,
+        fast: bool,
+    ) -> Result<(), Failure> {
+        let sink_tables = self.sink_tables(tables).await?;
+        let refs: Vec<&SinkTable> = sink_tables.iter().map(Arc::as_ref).collect();
+        let mut stmts: Vec<Stmt<'_>> = Vec::new();
+        match *prelude {
+            Prelude::None => {}
+            Prelude::Truncate(table) => stmts.push(sql::truncate(
+                &qualified(self.shared.target_schema(table), &table.name),
+                0,
+            )),
+            Prelude::Move(change, old_key) => {
+                let stmt = sql::move_row(refs[0], change, old_key)
+                    .map_err(|m| self.missing_column(&change.table, refs[0], &m.column))?;
+                stmts.push(stmt);
+            }
+        }
+        if let Err(m) = sql::batch(tables, &refs, fast, &mut stmts) {
+            return Err(self
+                .missing_column(tables[m.table].source, refs[m.table], &m.column)
+                .into());
+        }
+        self.prepare(&stmts, tables, &refs).await?;
+
+        let client = self.client.as_ref().expect("connected in write()");
+        let key = self.shared.lane_key(self.lane, self.lanes);
+        let ck_params = checkpoint::postgres::upsert_params(&key, self.lane, position);
+        let ck_refs = ck_params.as_params();
+        let param_refs: Vec<Vec<&(dyn ToSql + Sync)>> = stmts
+            .iter()
+            .map(|s| s.params.iter().map(|p| p as &(dyn ToSql + Sync)).collect())
+            .collect();
+        let mut futures: Vec<BoxFuture<'_, Result<(), tokio_postgres::Error>>> =
+            Vec::with_capacity(stmts.len() + 3);
+        futures.push(Box::pin(client.batch_execute("BEGIN")));
+        for (stmt, params) in stmts.iter().zip(&param_refs) {
+            let prepared = &self.statements[&stmt.sql];
+            futures.push(Box::pin(async move {
+                client.execute(prepared, params).await.map(drop)
+            }));
+        }
+        let ck_stmt = &self.statements[&self.checkpoint_sql];
+        futures.push(Box::pin(async move {
+            client.execute(ck_stmt, &ck_refs).await.map(drop)
+        }));
+        futures.push(Box::pin(client.batch_execute("COMMIT")));
+        let outcomes = pipeline::run(futures).await;
+        let Some((index, err)) = pipeline::first_error(outcomes) else {
+            return Ok(());
+        };
+        let sink = self.shared.sink();
+        let doing = match index {
+            0 => "starting a transaction".to_owned(),
+            i if i <= stmts.len() => {
+                let stmt = &stmts[i - 1];
+                let source = stmt_source(tables, prelude, stmt);
+                let target = match refs.get(stmt.table) {
+                    Some(t) if stmt.kind != Kind::Truncate || !tables.is_empty() => {
+                        t.target.clone()
+                    }
+                    _ => qualified(self.shared.target_schema(source), &source.name),
+                };
+                sql::describe(stmt, &target, source)
+            }
+            i if i == stmts.len() + 1 => format!(
+                "moving lane {}'s checkpoint in {} to {position}",
+                self.lane,
+                qualified(self.shared.checkpoint_schema(), checkpoint::TABLE)
+            ),
+            _ => "committing".to_owned(),
+        };
+        let mut error = sink_error(sink, &doing, &err);
+        let lost = connection_lost(&err);
+        let conflict = (1..=stmts.len()).contains(&index)
+            && stmts[index - 1].kind == Kind::Insert
+            && err.code().is_some_and(|c| c.code() == "23505");
+        if conflict {
+            return Err(Failure {
+                error,
+                lost,
+                conflict,
+            });
+        }
+        if error.class == ErrorClass::Definite
+            && !lost
+            && (1..=stmts.len()).contains(&index)
+            && let Some(key) = self.blame(&stmts[index - 1], tables).await
+        {
+            error.message.push_str(&format!(" (row key {key})"));
+        }
+        Err(Failure {
+            error,
+            lost,
+            conflict: false,
+        })
+    }
+
+    /// The row key behind a data error in `stmt`, found by re-running parts of it in a
+    /// transaction that is rolled back (see `diagnose.rs`).
+    async fn blame(&self, stmt: &Stmt<'_>, tables: &[TablePlan<'_>]) -> Option<String> {
+        let client = self.client.as_ref()?;
+        let prepared = self.statements.get(&stmt.sql)?;
+        // The failed transaction must be over before the diagnosis starts its own.
+        client.batch_execute("ROLLBACK").await.ok()?;
+        let plan = tables.get(stmt.table)?;
+        match stmt.kind {
+            Kind::Upsert | Kind::Insert => {
+                let group = plan.upserts.get(stmt.group)?;
+                let rows = &group.rows[stmt.rows.clone()];
+                let n = if rows.len() == 1 {
+                    0
+                } else {
+                    diagnose::find_row(client, prepared, &stmt.params, rows.len()).await?
+                };
+                let row: &Row<'_> = rows.get(n)?;
+                let key = group.shape.key.iter().map(|&i| &row.values()[i]);
+                Some(sql::key_text(group.shape, key))
+            }
+            Kind::Delete => {
+                let group = plan.deletes.get(stmt.group)?;
+                let keys = &group.keys[stmt.rows.clone()];
+                let n = if keys.len() == 1 {
+                    0
+                } else {
+                    diagnose::find_row(client, prepared, &stmt.params, keys.len()).await?
+                };
+                Some(sql::key_text(group.shape, keys.get(n)?.iter()))
+            }
+            Kind::Truncate | Kind::Move => None,
+        }
+    }
+
+    /// The sink table of each plan table (and of the prelude's table), read from the catalog
+    /// on first use per connection. A table that does not exist is created when
+    /// `create_tables` is set, else it is a Fatal error.
+    async fn sink_tables(
+        &mut self,
+        tables: &[TablePlan<'_>],
+    ) -> Result<Vec<Arc<SinkTable>>, Failure> {
+        // A move's plan holds exactly the moved row's table, so it needs no entry of its own.
+        let mut out = Vec::with_capacity(tables.len());
+        for plan in tables {
+            out.push(self.sink_table(plan.source, false).await?);
+        }
+        Ok(out)
+    }
+
+    async fn sink_table(&mut self, table: &Table, reload: bool) -> Result<Arc<SinkTable>, Failure> {
+        let schema = self.shared.target_schema(table).to_owned();
+        let key = (schema, table.name.clone());
+        if !reload && let Some(t) = self.tables.get(&key) {
+            return Ok(Arc::clone(t));
+        }
+        let shared = Arc::clone(&self.shared);
+        let client = self.client.as_ref().expect("connected in write()");
+        let target = qualified(&key.0, &key.1);
+        let read = |e: tokio_postgres::Error| {
+            Failure::pg(
+                shared.sink(),
+                &format!("reading the definition of table {target}"),
+                &e,
+            )
+        };
+        let mut found = schema::load(client, &key.0, &key.1).await.map_err(read)?;
+        if found.is_none() && shared.options.create_tables {
+            let source = Arc::new(table.clone());
+            schema::check(
+                client,
+                shared.sink(),
+                shared.options.schema.as_deref(),
+                true,
+                std::slice::from_ref(&source),
+            )
+            .await?;
+            found = schema::load(client, &key.0, &key.1).await.map_err(read)?;
+        }
+        let Some(found) = found else {
+            return Err(SinkError::fatal(format!(
+                "sink {}: table {target} does not exist (source table {}); create it with a \
+                 primary key on ({}), or set create_tables: true",
+                shared.sink(),
+                table.qualified_name(),
+                table
+                    .key
+                    .iter()
+                    .map(|&i| table.columns[i].name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+            .into());
+        };
+        let found = Arc::new(found);
+        self.tables.insert(key, Arc::clone(&found));
+        Ok(found)
+    }
+
+    /// The error for a source column the sink table lacks. The cached definition may be
+    /// stale (the column was just added on both sides): it is dropped, so the retry after a
+    /// restart reads it again.
+    fn missing_column(&mut self, table: &Table, sink: &SinkTable, column: &str) -> SinkError {
+        let schema = self.shared.target_schema(table).to_owned();
+        self.tables.remove(&(schema, table.name.clone()));
+        SinkError::fatal(format!(
+            "sink {}: table {} has no column \"{column}\" (source column {}.{column}); add it \
+             (the source table's columns changed?)",
+            self.shared.sink(),
+            sink.target,
+            table.qualified_name()
+        ))
+    }
+
+    /// Prepares every statement not yet prepared on this connection, and the checkpoint
+    /// upsert.
+    async fn prepare(
+        &mut self,
+        stmts: &[Stmt<'_>],
+        tables: &[TablePlan<'_>],
+        sinks: &[&SinkTable],
+    ) -> Result<(), Failure> {
+        if self.statements.len() > STATEMENT_CACHE_LIMIT {
+            self.statements.clear();
+        }
+        let client = self.client.as_ref().expect("connected in write()");
+        let sink = self.shared.sink();
+        if !self.statements.contains_key(&self.checkpoint_sql) {
+            let prepared = client.prepare(&self.checkpoint_sql).await.map_err(|e| {
+                let table = qualified(self.shared.checkpoint_schema(), checkpoint::TABLE);
+                Failure::pg(
+                    sink,
+                    &format!("preparing the checkpoint upsert into {table}"),
+                    &e,
+                )
+            })?;
+            self.statements
+                .insert(self.checkpoint_sql.clone(), prepared);
+        }
+        for stmt in stmts {
+            if self.statements.contains_key(&stmt.sql) {
+                continue;
+            }
+            let prepared = client.prepare(&stmt.sql).await.map_err(|e| {
+                let source = match tables.get(stmt.table) {
+                    Some(plan) => plan.source.qualified_name(),
+                    None => "?".to_owned(),
+                };
+                let target = sinks.get(stmt.table).map_or("?", |s| s.target.as_str());
+                let doing = format!("preparing a statement for {target} (source table {source})");
+                Failure::pg(sink, &doing, &e)
+            })?;
+            self.statements.insert(stmt.sql.clone(), prepared);
+        }
+        Ok(())
+    }
+}
+
+/// The source table a statement writes: its plan table, or the prelude's for a truncate
+/// prelude (which has no plan).
+fn stmt_source<'t>(
+    tables: &'t [TablePlan<'t>],
+    prelude: &'t Prelude<'t>,
+    stmt: &Stmt<'_>,
+) -> &'t Table {
+    match (tables.get(stmt.table), prelude) {
+        (Some(plan), _) => plan.source,
+        (None, Prelude::Truncate(table)) => table,
+        (None, Prelude::Move(change, _)) => &change.table,
+        (None, Prelude::None) => unreachable!("a statement always belongs to a table"),
+    }
+}
+
+impl LaneSink for PostgresLane {
+    fn checkpoint(&self) -> Option<Position> {
+        self.checkpoint
+    }
+
+    fn apply<'a>(&'a mut self, batch: &'a Batch) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let shared = Arc::clone(&self.shared);
+            if let [change] = batch.changes.as_slice()
+                && let Some(old_key) = &change.old_key
+                && change.values.contains(&Value::Unchanged)
+            {
+                // The lane worker isolates such a change in its own batch (see
+                // `crate::lane::is_toast_move`); the row moves in place so the TOASTed values
+                // the update did not send stay with it, then the upsert writes the rest.
+                let upsert = [Arc::new(Change {
+                    old_key: None,
+                    ..Change::clone(change)
+                })];
+                let tables = coalesce(&upsert, shared.sink())?;
+                return self
+                    .write(
+                        Prelude::Move(change, old_key),
+                        &tables,
+                        batch.last_position(),
+                    )
+                    .await;
+            }
+            let mut tables = coalesce(&batch.changes, shared.sink())?;
+            sql::partition_fresh(&mut tables);
+            self.write(Prelude::None, &tables, batch.last_position())
+                .await
+        })
+    }
+
+    fn truncate<'a>(
+        &'a mut self,
+        table: &'a Table,
+        position: Position,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move { self.write(Prelude::Truncate(table), &[], position).await })
+    }
+
+    fn reconnect(&mut self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            self.forget_connection();
+            // The batch about to be retried may have committed after all (a lost reply).
+            self.safe_batches = self.safe_batches.max(1);
+            self.client = Some(self.shared.connect().await?);
+            Ok(())
+        })
+    }
+}
