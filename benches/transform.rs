@@ -272,6 +272,24 @@ fn generate(changes: usize) -> (Vec<String>, usize) {
     (txs, count)
 }
 
+/// User + system CPU seconds of a process so far (Linux `/proc/<pid>/stat`).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name: utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(") ")
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 /// The slots of `rounds` alternating runs: `plain1, wasm1, plain2, wasm2, …`.
 fn runs(rounds: usize) -> Vec<String> {
     (1..=rounds)
@@ -355,6 +373,7 @@ async fn pipeline(changes: usize, rounds: usize) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let secs = started.elapsed().as_secs_f64();
+        let cpu = cpu_secs(child.id());
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status();
@@ -365,7 +384,7 @@ async fn pipeline(changes: usize, rounds: usize) {
             plain_secs += secs;
         }
         println!(
-            "  {slot:<7} {:<22} {changes} changes in {secs:.2}s = {:.0} changes/s",
+            "  {slot:<7} {:<23} {changes} changes in {secs:.2}s = {:.0} changes/s (zipline CPU {cpu:.2}s)",
             if wasm {
                 "with the Rust transform"
             } else {

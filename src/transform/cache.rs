@@ -13,7 +13,7 @@
 //!
 //! Location: `$ZIPLINE_TRANSFORM_CACHE`, else `$XDG_CACHE_HOME/zipline/transforms`, else
 //! `~/.cache/zipline/transforms`. `ZIPLINE_TRANSFORM_CACHE=off` disables it.
-//! See <https://docs.rs/wasmtime/48.0.8/wasmtime/component/struct.Component.html#method.deserialize_file>.
+//! See <https://docs.rs/wasmtime/48.0.8/wasmtime/component/struct.Component.html#method.deserialize>.
 
 use std::hash::{Hash, Hasher};
 use std::io::Write;
@@ -84,9 +84,18 @@ pub(crate) fn load_or_compile(
     bytes: &[u8],
     hash: &[u8; 32],
 ) -> wasmtime::Result<Component> {
-    let Some(dir) = dir() else {
-        return Component::from_binary(engine, bytes);
-    };
+    match dir() {
+        Some(dir) => load_or_compile_in(dir, engine, bytes, hash),
+        None => Component::from_binary(engine, bytes),
+    }
+}
+
+fn load_or_compile_in(
+    dir: &Path,
+    engine: &Engine,
+    bytes: &[u8],
+    hash: &[u8; 32],
+) -> wasmtime::Result<Component> {
     let path = entry(dir, engine, hash);
     if path.exists() {
         match deserialize(engine, &path) {
@@ -103,13 +112,16 @@ pub(crate) fn load_or_compile(
     Ok(component)
 }
 
+/// Reads the entry into memory rather than mapping it (`deserialize_file` maps the file: an
+/// entry truncated or rewritten in place while mapped would crash the process with SIGBUS).
 #[allow(unsafe_code)]
 fn deserialize(engine: &Engine, path: &Path) -> wasmtime::Result<Component> {
+    let bytes = std::fs::read(path)?;
     // SAFETY: the file was written by `store` below from a component this engine compiled
     // (its name carries the source's hash and the engine's compatibility hash), in a directory
     // only this user can write (checked in `prepare`); wasmtime itself refuses artifacts
     // built by an incompatible engine.
-    unsafe { Component::deserialize_file(engine, path) }
+    unsafe { Component::deserialize(engine, &bytes) }
 }
 
 fn store(component: &Component, path: &Path) -> Result<(), String> {
@@ -144,6 +156,36 @@ mod tests {
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
         assert_eq!(prepare(&open).unwrap_err(), "it is writable by other users");
+    }
+
+    /// A component exporting `run: func()` (tests/guests/wrong-world.wat).
+    const TINY: &[u8] = &[
+        0, 97, 115, 109, 13, 0, 1, 0, 1, 44, 0, 97, 115, 109, 1, 0, 0, 0, 1, 4, 1, 96, 0, 0, 3, 2,
+        1, 0, 7, 7, 1, 3, 114, 117, 110, 0, 0, 10, 4, 1, 2, 0, 11, 0, 9, 4, 110, 97, 109, 101, 0,
+        2, 1, 109, 2, 4, 1, 0, 0, 0, 7, 5, 1, 64, 0, 1, 0, 6, 9, 1, 0, 0, 1, 0, 3, 114, 117, 110,
+        8, 6, 1, 0, 0, 0, 0, 0, 11, 9, 1, 0, 3, 114, 117, 110, 1, 0, 0, 0, 31, 14, 99, 111, 109,
+        112, 111, 110, 101, 110, 116, 45, 110, 97, 109, 101, 1, 6, 0, 17, 1, 0, 1, 109, 1, 6, 0,
+        18, 1, 0, 1, 105,
+    ];
+
+    #[test]
+    fn compiled_components_are_stored_reloaded_and_replaced_when_damaged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let engine = Engine::default();
+        let hash = [7u8; 32];
+        let path = entry(tmp.path(), &engine, &hash);
+        let first = load_or_compile_in(tmp.path(), &engine, TINY, &hash).unwrap();
+        let stored = std::fs::read(&path).unwrap();
+        assert_eq!(stored, first.serialize().unwrap());
+        // A second load comes from the file: make the file the only way to get it right.
+        let again = load_or_compile_in(tmp.path(), &engine, b"not wasm at all", &hash).unwrap();
+        assert_eq!(again.serialize().unwrap(), stored);
+        // A damaged entry is recompiled and replaced.
+        std::fs::write(&path, b"garbage").unwrap();
+        load_or_compile_in(tmp.path(), &engine, TINY, &hash).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), stored);
+        let leftovers: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temporary files left behind");
     }
 
     #[test]
