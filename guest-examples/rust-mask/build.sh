@@ -15,6 +15,8 @@ out="${1:-$repo/target/guests}"
 mkdir -p "$out"
 # One target directory for every Rust guest, so std is built once.
 export CARGO_TARGET_DIR="${GUEST_CARGO_TARGET_DIR:-$repo/target/guests/cargo}"
+# shellcheck source=../rust-linker.sh
+source "$here/../rust-linker.sh"
 cd "$here"
 RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 RUSTFLAGS= \
   /usr/bin/cargo build --quiet --release --target wasm32-unknown-unknown \

@@ -15,6 +15,8 @@ out="$repo/target/guests"
 mkdir -p "$out"
 export CARGO_TARGET_DIR="$out/cargo"
 export GUEST_CARGO_TARGET_DIR="$CARGO_TARGET_DIR"
+# shellcheck source=../../guest-examples/rust-linker.sh
+source "$repo/guest-examples/rust-linker.sh"
 
 rust_guest() { # DIR TARGET [RUSTFLAGS]
   (cd "$1" && RUSTC=/usr/bin/rustc RUSTDOC=/usr/bin/rustdoc RUSTC_BOOTSTRAP=1 RUSTFLAGS="${3:-}" \
