@@ -1,11 +1,15 @@
-//! Initial snapshot benchmark: PostgreSQL → MariaDB, next to the hand-made way.
+//! Initial snapshot benchmark: PostgreSQL → MariaDB and PostgreSQL → PostgreSQL, each next to
+//! the hand-made way.
 //!
 //! Fills `items` (default 1,000,000 rows; bigint key, text, int, numeric, timestamptz,
-//! boolean, nullable text, uuid) on a throwaway PostgreSQL, then measures in the same run:
-//! - **baseline**: `\copy (SELECT …) TO file CSV` with psql (the values already formatted the
-//!   way MariaDB reads them), then `LOAD DATA LOCAL INFILE` of that file with the mariadb
-//!   client into database `base`: the export and the load one after the other, as an operator
-//!   would run them;
+//! boolean, nullable text, uuid) on a throwaway PostgreSQL, then measures in the same run, per
+//! sink (`ZIPLINE_BENCH_SINKS`, default `mysql,postgres`):
+//! - **MariaDB baseline**: `\copy (SELECT …) TO file CSV` with psql (the values already
+//!   formatted the way MariaDB reads them), then `LOAD DATA LOCAL INFILE` of that file with the
+//!   mariadb client into database `base`: the export and the load one after the other, as an
+//!   operator would run them;
+//! - **PostgreSQL baseline**: `pg_dump -t public.items | psql` into an empty database on a
+//!   second cluster (see `snapshot/pg.rs`);
 //! - **zipline**: `zipline pipeline apply` with `snapshot: initial` into database `zl`, from
 //!   process start until the sink marks the snapshot complete (`_zipline_snapshot`).
 //!
@@ -15,15 +19,20 @@
 //! that both databases hold the same rows.
 //!
 //! `cargo bench --bench snapshot` (env: `ZIPLINE_BENCH_ROWS`, `ZIPLINE_BENCH_PARALLELISM`,
-//! `ZIPLINE_BENCH_CHUNK`, `ZIPLINE_BENCH_REPEAT`, `ZIPLINE_BENCH_SHOW_LOG` (print Zipline's
-//! log), `ZIPLINE_BENCH_WRAP` as in `common_backlog`).
+//! `ZIPLINE_BENCH_CHUNK`, `ZIPLINE_BENCH_REPEAT`, `ZIPLINE_BENCH_SINKS`,
+//! `ZIPLINE_BENCH_SHOW_LOG` (print Zipline's log), `ZIPLINE_BENCH_WRAP` as in
+//! `common_backlog`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 mod common_backlog;
+#[path = "snapshot/pg.rs"]
+mod pg;
 
+use std::future::Future;
 use std::path::Path;
-use std::process::Command;
+use std::pin::Pin;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use common_backlog::{env_or, proc_stat, server_cpu, spawn_zipline, stop_zipline, tree_cpu};
@@ -111,39 +120,27 @@ async fn zipline(pg: &common::Postgres, my: &common::MariaDb, yaml: &Path, log: 
     let (pg0, my0) = (server_cpu(pg), my_cpu(my));
     let started = Instant::now();
     let mut child = spawn_zipline(yaml, log);
-    let (rss_kb, zl_cpu) = loop {
-        let exists: Option<i64> = check
-            .query_first(
-                "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'zl' \
+    let (rss_kb, zl_cpu) = wait_complete(&mut child, log, started, &mut check, |check| {
+        Box::pin(async move {
+            let exists: Option<i64> = check
+                .query_first(
+                    "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = 'zl' \
                  AND table_name = '_zipline_snapshot'",
-            )
-            .await
-            .expect("looking for the snapshot table");
-        let complete = exists == Some(1)
-            && check
-                .query_first::<i64, _>(
-                    "SELECT COUNT(*) FROM _zipline_snapshot WHERE chunk = -1 \
-                     AND done_at IS NOT NULL",
                 )
                 .await
-                .expect("reading the snapshot marker")
-                == Some(1);
-        let stat = proc_stat(child.id());
-        if complete {
-            break stat;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!(
-                "zipline exited early with {status}: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(1800),
-            "the snapshot did not finish in 30 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+                .expect("looking for the snapshot table");
+            exists == Some(1)
+                && check
+                    .query_first::<i64, _>(
+                        "SELECT COUNT(*) FROM _zipline_snapshot WHERE chunk = -1 \
+                     AND done_at IS NOT NULL",
+                    )
+                    .await
+                    .expect("reading the snapshot marker")
+                    == Some(1)
+        })
+    })
+    .await;
     let secs = started.elapsed().as_secs_f64();
     let cpu = (server_cpu(pg) - pg0, my_cpu(my) - my0, zl_cpu);
     let status = stop_zipline(child);
@@ -170,10 +167,87 @@ async fn zipline(pg: &common::Postgres, my: &common::MariaDb, yaml: &Path, log: 
     }
 }
 
+/// Polls `complete` until it says the snapshot is done; returns Zipline's peak RSS (KiB) and
+/// CPU seconds at that moment. Panics if Zipline exits or takes more than 30 minutes.
+async fn wait_complete<C>(
+    child: &mut Child,
+    log: &Path,
+    started: Instant,
+    conn: &mut C,
+    complete: for<'c> fn(&'c mut C) -> Pin<Box<dyn Future<Output = bool> + 'c>>,
+) -> (u64, f64) {
+    loop {
+        let done = complete(conn).await;
+        let stat = proc_stat(child.id());
+        if done {
+            return stat;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "zipline exited early with {status}: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(1800),
+            "the snapshot did not finish in 30 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn median(runs: &[Run]) -> &Run {
     let mut order: Vec<&Run> = runs.iter().collect();
     order.sort_by(|a, b| a.secs.total_cmp(&b.secs));
     order[order.len() / 2]
+}
+
+/// Which sink a round of runs measures.
+enum Target {
+    MySql(common::MariaDb),
+    Postgres(common::Postgres),
+}
+
+impl Target {
+    fn name(&self) -> &'static str {
+        match self {
+            Target::MySql(_) => "MariaDB: COPY CSV + LOAD DATA",
+            Target::Postgres(_) => "PostgreSQL: pg_dump | psql",
+        }
+    }
+
+    fn sink_yaml(&self) -> String {
+        match self {
+            Target::MySql(my) => format!(
+                "  - name: out\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    \
+                 database: zl\n    user: root\n",
+                my.port
+            ),
+            Target::Postgres(dst) => pg::sink_yaml(dst),
+        }
+    }
+
+    async fn baseline(&self, src: &common::Postgres, csv: &Path) -> Run {
+        match self {
+            Target::MySql(my) => baseline(src, my, csv),
+            Target::Postgres(dst) => pg::baseline(src, dst),
+        }
+    }
+
+    async fn zipline(&self, src: &common::Postgres, yaml: &Path, log: &Path) -> Run {
+        match self {
+            Target::MySql(my) => zipline(src, my, yaml, log).await,
+            Target::Postgres(dst) => pg::zipline(src, dst, yaml, log).await,
+        }
+    }
+
+    /// The checksums of the baseline's and Zipline's copies.
+    fn checksums(&self) -> (String, String) {
+        match self {
+            Target::MySql(my) => (my.sql("base", CHECKSUM), my.sql("zl", CHECKSUM)),
+            Target::Postgres(dst) => (dst.psql("base", pg::CHECKSUM), dst.psql("zl", pg::CHECKSUM)),
+        }
+    }
 }
 
 #[tokio::main]
@@ -182,8 +256,8 @@ async fn main() {
     let parallelism = env_or("ZIPLINE_BENCH_PARALLELISM", 2);
     let chunk = env_or("ZIPLINE_BENCH_CHUNK", 50_000);
     let repeat = env_or("ZIPLINE_BENCH_REPEAT", 3).max(1);
+    let sinks = std::env::var("ZIPLINE_BENCH_SINKS").unwrap_or_else(|_| "mysql,postgres".into());
     let pg = common::Postgres::start();
-    let my = common::MariaDb::start();
     pg.create_database("bench");
     pg.psql("bench", PG_TABLE);
     let started = Instant::now();
@@ -202,11 +276,34 @@ async fn main() {
         "source: {rows} rows written and analyzed in {:.1}s",
         started.elapsed().as_secs_f64()
     );
-    my.sql("", "SET GLOBAL max_allowed_packet = 1073741824");
-    for db in ["base", "zl"] {
-        my.create_database(db);
-        my.sql(db, MY_TABLE);
+    for sink in sinks.split(',').map(str::trim) {
+        let target = match sink {
+            "mysql" => {
+                let my = common::MariaDb::start();
+                my.sql("", "SET GLOBAL max_allowed_packet = 1073741824");
+                for db in ["base", "zl"] {
+                    my.create_database(db);
+                    my.sql(db, MY_TABLE);
+                }
+                Target::MySql(my)
+            }
+            "postgres" => Target::Postgres(common::Postgres::start()),
+            other => panic!("ZIPLINE_BENCH_SINKS: unknown sink {other:?} (mysql, postgres)"),
+        };
+        measure(&pg, &target, rows, parallelism, chunk, repeat).await;
     }
+}
+
+/// `repeat` alternating runs of the baseline and Zipline into `target`; prints the medians.
+async fn measure(
+    pg: &common::Postgres,
+    target: &Target,
+    rows: usize,
+    parallelism: usize,
+    chunk: usize,
+    repeat: usize,
+) {
+    println!("== {}", target.name());
     let dir = tempfile::tempdir().expect("tempdir");
     let csv = dir.path().join("items.csv");
     let yaml = dir.path().join("bench.yaml");
@@ -217,10 +314,9 @@ async fn main() {
              type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    \
              user: postgres\n    publication: zbench\n    slot_name: zbench\n    \
              tables: [public.items]\n    snapshot_parallelism: {parallelism}\n    \
-             snapshot_chunk_rows: {chunk}\n  - name: my\n    type: sink/mysql\n    \
-             host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\nroutes:\n  \
-             - from: pg\n    to: [my]\n",
-            pg.port, my.port
+             snapshot_chunk_rows: {chunk}\n{}routes:\n  - from: pg\n    to: [out]\n",
+            pg.port,
+            target.sink_yaml()
         ),
     )
     .expect("write yaml");
@@ -236,16 +332,20 @@ async fn main() {
         };
         for which in order {
             let run = if which == "baseline" {
-                baseline(&pg, &my, &csv)
+                target.baseline(pg, &csv).await
             } else {
-                zipline(&pg, &my, &yaml, &log).await
+                target.zipline(pg, &yaml, &log).await
             };
             println!(
-                "run {rep} {which:<8}: {:.2}s = {:.0} rows/s ({}; CPU: PostgreSQL {:.2}s, \
-                 MariaDB {:.2}s, zipline {:.2}s){}",
+                "run {rep} {which:<8}: {:.2}s = {:.0} rows/s ({}CPU: PostgreSQL {:.2}s, \
+                 target {:.2}s, zipline {:.2}s){}",
                 run.secs,
                 rows as f64 / run.secs,
-                run.detail,
+                if run.detail.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}; ", run.detail)
+                },
                 run.cpu.0,
                 run.cpu.1,
                 run.cpu.2,
@@ -266,8 +366,8 @@ async fn main() {
     let (base, zl) = (median(&base_runs), median(&zl_runs));
     let (base_rate, zl_rate) = (rows as f64 / base.secs, rows as f64 / zl.secs);
     println!(
-        "baseline COPY + LOAD DATA (median of {repeat}): {:.2}s = {base_rate:.0} rows/s \
-         (psql and mariadb clients' CPU not counted)",
+        "baseline (median of {repeat}): {:.2}s = {base_rate:.0} rows/s (client programs' CPU \
+         not counted)",
         base.secs
     );
     println!(
@@ -277,11 +377,10 @@ async fn main() {
         zl_runs.iter().map(|r| r.rss_kb).max().unwrap_or(0) as f64 / 1024.0
     );
     println!("ratio zipline/baseline: {:.2}", zl_rate / base_rate);
-    let base_sum = my.sql("base", CHECKSUM);
-    let zl_sum = my.sql("zl", CHECKSUM);
+    let (base_sum, zl_sum) = target.checksums();
     println!("sink equal to baseline: {}", base_sum == zl_sum);
     assert_eq!(
         base_sum, zl_sum,
-        "Zipline's snapshot differs from the baseline's load"
+        "Zipline's snapshot differs from the baseline's copy"
     );
 }

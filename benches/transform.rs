@@ -26,6 +26,10 @@ use zipline::change::{Change, Column, Lsn, Op, Position, Table, Value};
 use zipline::config::{OnError, TransformLimits, TransformSpec};
 use zipline::transform::Transformer;
 
+// The same allocator as the `zipline` binary, so the in-process figures match production.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()

@@ -361,6 +361,21 @@ impl SinkConnector for PostgresConnector {
         Box::pin(snapshot::load(&self.shared, &self.snapshot, chunk, changes))
     }
 
+    fn snapshot_load_rows<'a>(
+        &'a self,
+        chunk: &'a SnapshotChunk,
+        table: &'a Arc<Table>,
+        rows: &'a [Vec<crate::change::Value>],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(snapshot::load_rows(
+            &self.shared,
+            &self.snapshot,
+            chunk,
+            table,
+            rows,
+        ))
+    }
+
     fn snapshot_finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(snapshot::finish(&self.shared))
     }

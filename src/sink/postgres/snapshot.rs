@@ -30,7 +30,7 @@ use super::encode::push_text;
 use super::errors::{classify, sink_error};
 use super::sql::{self, qualified};
 use super::{Shared, schema};
-use crate::change::{Change, Table, Value};
+use crate::change::{Change, Op, Position, Table, Value};
 use crate::error::ErrorClass;
 use crate::sink::coalesce::coalesce;
 use crate::sink::{SinkError, SnapshotChunk, SnapshotState};
@@ -219,14 +219,46 @@ pub(super) async fn finish(shared: &Shared) -> Result<(), SinkError> {
 }
 
 /// Writes a chunk's rows and marks it loaded, in one transaction.
+/// Rows of one table shape, in load order.
+struct Group<'a> {
+    shape: &'a Arc<Table>,
+    rows: Vec<&'a [Value]>,
+}
+
+/// Loads a chunk given as changes (what a transform made of the source's rows).
 pub(super) async fn load(
     shared: &Shared,
     pool: &Pool,
     chunk: &SnapshotChunk,
     changes: &[Arc<Change>],
 ) -> Result<(), SinkError> {
+    load_groups(shared, pool, chunk, groups(changes), changes.len()).await
+}
+
+/// Loads a chunk given as the source's rows of one table: no change is built per row.
+pub(super) async fn load_rows(
+    shared: &Shared,
+    pool: &Pool,
+    chunk: &SnapshotChunk,
+    table: &Arc<Table>,
+    rows: &[Vec<Value>],
+) -> Result<(), SinkError> {
+    let group = Group {
+        shape: table,
+        rows: rows.iter().map(Vec::as_slice).collect(),
+    };
+    load_groups(shared, pool, chunk, vec![group], rows.len()).await
+}
+
+async fn load_groups(
+    shared: &Shared,
+    pool: &Pool,
+    chunk: &SnapshotChunk,
+    groups: Vec<Group<'_>>,
+    rows: usize,
+) -> Result<(), SinkError> {
     let client = pool.take(shared).await?;
-    match load_on(shared, &client, chunk, changes).await {
+    match load_on(shared, &client, chunk, groups, rows).await {
         Ok(()) => {
             pool.put(client);
             Ok(())
@@ -245,17 +277,18 @@ async fn load_on(
     shared: &Shared,
     client: &Client,
     chunk: &SnapshotChunk,
-    changes: &[Arc<Change>],
+    groups: Vec<Group<'_>>,
+    rows: usize,
 ) -> Result<(), SinkError> {
     let sink = shared.sink();
     client
         .batch_execute("BEGIN")
         .await
         .map_err(|e| sink_error(sink, &format!("loading {chunk}"), &e))?;
-    for group in groups(changes) {
-        let shape = &group[0].table;
+    for group in groups {
+        let shape = group.shape;
         let target = qualified(shared.target_schema(shape), &shape.name);
-        let doing = format!("loading {} rows of {chunk} into {target}", group.len());
+        let doing = format!("loading {} rows of {chunk} into {target}", group.rows.len());
         client
             .batch_execute("SAVEPOINT zipline_copy")
             .await
@@ -272,9 +305,9 @@ async fn load_on(
             Err(e) => {
                 let mut err = sink_error(sink, &doing, &e);
                 if classify(&e) == ErrorClass::Definite
-                    && let Some(key) = copy_line(&e).and_then(|n| group.get(n.wrapping_sub(1)))
+                    && let Some(row) = copy_line(&e).and_then(|n| group.rows.get(n.wrapping_sub(1)))
                 {
-                    let values = shape.key.iter().map(|&i| &key.values[i]);
+                    let values = shape.key.iter().map(|&i| &row[i]);
                     err.message
                         .push_str(&format!(" (row key {})", sql::key_text(shape, values)));
                 }
@@ -282,7 +315,7 @@ async fn load_on(
             }
         }
     }
-    let rows = i64::try_from(changes.len()).unwrap_or(i64::MAX);
+    let rows = i64::try_from(rows).unwrap_or(i64::MAX);
     let index = i32::try_from(chunk.index).unwrap_or(i32::MAX);
     let marked = client
         .execute(
@@ -317,9 +350,9 @@ async fn load_on(
 async fn copy(
     client: &Client,
     target: &str,
-    rows: &[&Change],
+    group: &Group<'_>,
 ) -> Result<(), tokio_postgres::Error> {
-    let shape = &rows[0].table;
+    let shape = group.shape;
     let mut statement = format!("COPY {target} (");
     for (n, column) in shape.columns.iter().enumerate() {
         if n > 0 {
@@ -330,8 +363,8 @@ async fn copy(
     statement.push_str(") FROM STDIN");
     let mut data = String::new();
     let mut text = String::new();
-    for change in rows {
-        for (n, value) in change.values.iter().enumerate() {
+    for row in &group.rows {
+        for (n, value) in row.iter().enumerate() {
             if n > 0 {
                 data.push('\t');
             }
@@ -353,6 +386,14 @@ fn push_copy_text(out: &mut String, scratch: &mut String, value: &Value) {
     }
     scratch.clear();
     push_text(scratch, value);
+    // Most values hold no byte COPY escapes; those go in whole.
+    if !scratch
+        .bytes()
+        .any(|b| matches!(b, b'\\' | b'\t' | b'\n' | b'\r'))
+    {
+        out.push_str(scratch);
+        return;
+    }
     for c in scratch.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
@@ -377,8 +418,9 @@ fn copy_line(e: &tokio_postgres::Error) -> Option<usize> {
 
 /// The rows of one table through the lanes' upsert statements (rows already there are
 /// replaced by key).
-async fn upsert(shared: &Shared, client: &Client, rows: &[&Change]) -> Result<(), SinkError> {
-    let shape = &rows[0].table;
+async fn upsert(shared: &Shared, client: &Client, group: &Group<'_>) -> Result<(), SinkError> {
+    let shape = group.shape;
+    let rows = &group.rows;
     let sink = shared.sink();
     let target_schema = shared.target_schema(shape);
     let target = qualified(target_schema, &shape.name);
@@ -387,7 +429,19 @@ async fn upsert(shared: &Shared, client: &Client, rows: &[&Change]) -> Result<()
         .await
         .map_err(|e| sink_error(sink, &doing, &e))?
         .ok_or_else(|| SinkError::fatal(format!("sink {sink}: table {target} does not exist")))?;
-    let owned: Vec<Arc<Change>> = rows.iter().map(|c| Arc::new(Change::clone(c))).collect();
+    let owned: Vec<Arc<Change>> = rows
+        .iter()
+        .map(|values| {
+            Arc::new(Change {
+                position: Position::default(),
+                op: Op::Insert,
+                table: Arc::clone(shape),
+                key: shape.key.iter().map(|&i| values[i].clone()).collect(),
+                old_key: None,
+                values: values.to_vec(),
+            })
+        })
+        .collect();
     let tables = coalesce(&owned, sink)?;
     let mut stmts = Vec::new();
     sql::batch(&tables, &[&sink_table], false, &mut stmts).map_err(|m| {
@@ -412,16 +466,18 @@ async fn upsert(shared: &Shared, client: &Client, rows: &[&Change]) -> Result<()
     Ok(())
 }
 
-/// Runs of `changes` sharing one table shape, in order of first appearance.
-fn groups(changes: &[Arc<Change>]) -> Vec<Vec<&Change>> {
-    let mut out: Vec<Vec<&Change>> = Vec::new();
+/// Rows of `changes` grouped by table shape, in order of first appearance.
+fn groups(changes: &[Arc<Change>]) -> Vec<Group<'_>> {
+    let mut out: Vec<Group<'_>> = Vec::new();
     for change in changes {
-        let same = |g: &&mut Vec<&Change>| {
-            Arc::ptr_eq(&g[0].table, &change.table) || *g[0].table == *change.table
-        };
+        let same =
+            |g: &&mut Group<'_>| Arc::ptr_eq(g.shape, &change.table) || **g.shape == *change.table;
         match out.iter_mut().find(same) {
-            Some(group) => group.push(change),
-            None => out.push(vec![change]),
+            Some(group) => group.rows.push(&change.values),
+            None => out.push(Group {
+                shape: &change.table,
+                rows: vec![&change.values],
+            }),
         }
     }
     out
