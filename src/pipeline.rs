@@ -338,16 +338,19 @@ async fn preflight_source(
 fn sink_plan(pipeline: &config::Pipeline, name: &str) -> Result<SinkPlan, PipelineError> {
     match pipeline.connector(name).map(|c| &c.kind) {
         Some(ConnectorKind::MysqlSink(my)) => Ok(SinkPlan {
-            connector: Box::new(MysqlConnector::new(MysqlSinkOptions {
-                connector: name.to_owned(),
-                pipeline: pipeline.name.clone(),
-                host: my.host.clone(),
-                port: my.port,
-                database: my.database.clone(),
-                user: my.user.clone(),
-                password: my.password.as_ref().map(|s| s.expose().to_owned()),
-                connect_timeout: my.connect_timeout,
-            })),
+            connector: Box::new(
+                MysqlConnector::new(MysqlSinkOptions {
+                    connector: name.to_owned(),
+                    pipeline: pipeline.name.clone(),
+                    host: my.host.clone(),
+                    port: my.port,
+                    database: my.database.clone(),
+                    user: my.user.clone(),
+                    password: my.password.as_ref().map(|s| s.expose().to_owned()),
+                    connect_timeout: my.connect_timeout,
+                })
+                .with_create_tables(my.create_tables),
+            ),
             lanes: my.lanes,
             queue_capacity: my.queue_capacity,
             lane_cfg: LaneConfig {

@@ -123,14 +123,25 @@ fn missing_sink_table_and_column_are_named() {
             "create_tables",
         ],
     );
-    fx.sink
-        .psql(SINK_DB, "CREATE TABLE invoices (id bigint PRIMARY KEY)");
+    // A missing column is added; a required column the source lacks cannot be fixed so.
+    fx.sink.psql(
+        SINK_DB,
+        "CREATE TABLE invoices (id bigint PRIMARY KEY, legacy int NOT NULL)",
+    );
     expect_failure(
         &mut fx,
         "apply",
         &env,
         1,
-        &["has no column \"total\" (source column public.invoices.total)"],
+        &["\"invoices\".\"legacy\" is NOT NULL without a default"],
+    );
+    assert_eq!(
+        fx.sink.psql(
+            SINK_DB,
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
+             WHERE attrelid = 'invoices'::regclass AND attname = 'total'"
+        ),
+        "numeric(12,2)"
     );
 }
 

@@ -54,6 +54,7 @@ const MYSQL_FIELDS: &[&str] = &[
     "database",
     "user",
     "password",
+    "create_tables",
     "lanes",
     "batch_size",
     "max_wait",
@@ -172,6 +173,7 @@ fn mysql(
             .optional("user", &non_empty)?
             .unwrap_or_else(|| "root".to_owned()),
         password: secret_field(f, "password", refs, opts)?,
+        create_tables: f.optional("create_tables", &boolean)?.unwrap_or(false),
         lanes: f.optional("lanes", &positive::<u32>(256))?.unwrap_or(4),
         batch_size: f
             .optional("batch_size", &positive::<usize>(COUNT_MAX))?

@@ -199,6 +199,9 @@ pub struct MysqlSink {
     pub user: String,
     /// From `password:` or `secret_refs`; `None` for no password.
     pub password: Option<Secret>,
+    /// Create missing target tables from the source's columns (see `docs/types.md`).
+    /// Default false.
+    pub create_tables: bool,
     /// Number of parallel lanes (one connection each). Default 4; 1–256.
     pub lanes: u32,
     /// Most changes in one lane batch (one transaction). Default 1000.
@@ -268,6 +271,7 @@ mod tests {
             database: "d".into(),
             user: "u".into(),
             password: Some(Secret::new("pw-value")),
+            create_tables: false,
             lanes: 4,
             batch_size: 1000,
             max_wait: Duration::from_millis(20),

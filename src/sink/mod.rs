@@ -14,6 +14,7 @@ use crate::error::{Classify, ErrorClass};
 mod coalesce;
 pub mod mysql;
 pub mod postgres;
+mod shapes;
 mod snapshot;
 
 pub use snapshot::{SnapshotChunk, SnapshotState};

@@ -490,9 +490,21 @@ fn my_line() -> String {
 
 pub async fn pg_rows(pg: &tokio_postgres::Client) -> Rows {
     let sql = format!("SELECT {} FROM orders ORDER BY id", PG_COLUMNS.join(", "));
-    pg.simple_query(&sql)
+    pg_text_rows(pg, &sql).await
+}
+
+/// The rows `sql` (one or more statements, simple protocol) returns, every value as text.
+pub async fn pg_text_rows(client: &tokio_postgres::Client, sql: &str) -> Rows {
+    let messages = client
+        .simple_query(sql)
         .await
-        .expect("reading source rows")
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    rows_of(messages)
+}
+
+/// The data rows of a simple-protocol result, every value as text (`None` for NULL).
+pub fn rows_of(messages: Vec<tokio_postgres::SimpleQueryMessage>) -> Rows {
+    messages
         .into_iter()
         .filter_map(|m| match m {
             tokio_postgres::SimpleQueryMessage::Row(r) => {

@@ -175,18 +175,7 @@ connectors:
 pub async fn rows(client: &tokio_postgres::Client, table: &str) -> Rows {
     let sql =
         format!("SET TimeZone = 'UTC'; SELECT t.id::text, t::text FROM {table} t ORDER BY t.id");
-    client
-        .simple_query(&sql)
-        .await
-        .unwrap_or_else(|e| panic!("reading {table}: {e}"))
-        .into_iter()
-        .filter_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => {
-                Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
-            }
-            _ => None,
-        })
-        .collect()
+    super::pg_text_rows(client, &sql).await
 }
 
 /// Polls (every 200 ms) until the sink's `table` equals the source's, row for row; fails

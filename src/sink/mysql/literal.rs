@@ -8,8 +8,14 @@
 //!
 //! Temporal values are written from Zipline's integer representation (days / microseconds since
 //! 1970-01-01) without a date library. MySQL has no infinities, no BC dates and no years past
-//! 9999, so those are errors here rather than silently wrong rows. NaN and infinite floats or
-//! numerics have no MySQL value either.
+//! 9999, and no NaN or infinite numbers. What happens to such a value depends on the sink
+//! column ([`SinkClass`], from `information_schema.COLUMNS.DATA_TYPE`): a textual column gets
+//! PostgreSQL's text (`'NaN'`, `'infinity'`, `'0044-03-15 BC'`), any other column gets NULL
+//! (counted and logged by the caller, see [`note_nulled`]), and where the sink column is not
+//! known ([`SinkClass::Strict`]: key columns of deletes, shapes the sink has not described)
+//! it is an error rather than a silently wrong row. The full mapping is in `docs/types.md`.
+//!
+//! Built-in PostgreSQL arrays are written as JSON arrays (see `array.rs`).
 //!
 //! Floats are written with Rust's shortest round-trip representation in exponent form
 //! (`1e-1`), which both servers parse as a DOUBLE literal. A `real` is widened to `f64` first:
@@ -18,7 +24,11 @@
 //! the same `f32` in a FLOAT column.
 
 use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
+use super::array;
 use crate::change::Value;
 
 const MICROS_PER_SECOND: i64 = 1_000_000;
@@ -60,10 +70,101 @@ fn push_bytes(buf: &mut String, bytes: &[u8]) {
     buf.push('\'');
 }
 
-/// Appends the literal for `value`. On error the buffer may hold a partial literal (the caller
-/// abandons the statement) and the message says what is wrong with the value, without naming
-/// the column (the caller knows it).
+/// What a sink column can take, from its `information_schema.COLUMNS.DATA_TYPE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum SinkClass {
+    /// Not known: a value MySQL cannot represent is an error.
+    #[default]
+    Strict,
+    /// CHAR, VARCHAR, TEXT and friends (and ENUM/SET): unrepresentable values are written as
+    /// PostgreSQL's text for them.
+    Text,
+    /// Any other column (numbers, temporal types, JSON, binary): unrepresentable values are
+    /// written as NULL.
+    Typed,
+}
+
+impl SinkClass {
+    /// The class of a column of `information_schema` `DATA_TYPE` `data_type`.
+    pub(crate) fn of(data_type: &str) -> Self {
+        match data_type.to_ascii_lowercase().as_str() {
+            "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" | "enum"
+            | "set" => SinkClass::Text,
+            _ => SinkClass::Typed,
+        }
+    }
+}
+
+/// How [`push_cell`] wrote a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// The value itself (or NULL for a NULL).
+    Value,
+    /// NULL in place of a value the sink column cannot hold; the caller reports it with
+    /// [`note_nulled`].
+    Nulled,
+}
+
+/// Appends the literal for `value` as if for a column of unknown type: values MySQL cannot
+/// represent are errors. See [`push_cell`].
 pub(crate) fn push_value(buf: &mut String, value: &Value) -> Result<(), String> {
+    push_cell(buf, value, SinkClass::Strict).map(|_| ())
+}
+
+/// Appends the literal for `value` going into a column of class `class`. On error the buffer
+/// may hold a partial literal (the caller abandons the statement) and the message says what is
+/// wrong with the value, without naming the column (the caller knows it).
+pub(crate) fn push_cell(
+    buf: &mut String,
+    value: &Value,
+    class: SinkClass,
+) -> Result<Written, String> {
+    let mark = buf.len();
+    if let (SinkClass::Text, Value::Numeric(text)) = (class, value)
+        && push_numeric(buf, text).is_ok()
+    {
+        // Unquoted, MySQL would read a long number as a DOUBLE before storing its text.
+        buf.insert(mark, '\'');
+        buf.push('\'');
+        return Ok(Written::Value);
+    }
+    buf.truncate(mark);
+    match push_known(buf, value) {
+        Ok(()) => Ok(Written::Value),
+        Err(Unrepresentable { pg_text, problem }) => {
+            buf.truncate(mark);
+            match (class, pg_text) {
+                (SinkClass::Strict, _) | (_, None) => Err(problem),
+                (SinkClass::Text, Some(text)) => {
+                    push_str(buf, &text);
+                    Ok(Written::Value)
+                }
+                (SinkClass::Typed, Some(_)) => {
+                    buf.push_str("NULL");
+                    Ok(Written::Nulled)
+                }
+            }
+        }
+    }
+}
+
+/// A value MySQL has no equivalent for: PostgreSQL's text for it (`None` when the value is
+/// simply malformed) and why it cannot be written.
+struct Unrepresentable {
+    pg_text: Option<String>,
+    problem: String,
+}
+
+impl Unrepresentable {
+    fn malformed(problem: String) -> Self {
+        Unrepresentable {
+            pg_text: None,
+            problem,
+        }
+    }
+}
+
+fn push_known(buf: &mut String, value: &Value) -> Result<(), Unrepresentable> {
     // `write!` into a String cannot fail.
     match value {
         Value::Null => buf.push_str("NULL"),
@@ -74,6 +175,12 @@ pub(crate) fn push_value(buf: &mut String, value: &Value) -> Result<(), String> 
         Value::Float4(f) => push_float(buf, f64::from(*f), "real")?,
         Value::Float8(f) => push_float(buf, *f, "double precision")?,
         Value::Numeric(text) => push_numeric(buf, text)?,
+        Value::Other { type_oid, text } if array::is_builtin_array(*type_oid) => {
+            let mut json = String::with_capacity(text.len() + 8);
+            array::push_json_array(&mut json, *type_oid, text)
+                .map_err(Unrepresentable::malformed)?;
+            push_str(buf, &json);
+        }
         Value::Text(text) | Value::Json(text) | Value::Other { text, .. } => push_str(buf, text),
         Value::Bytes(bytes) => push_bytes(buf, bytes),
         Value::Date(days) => {
@@ -83,29 +190,78 @@ pub(crate) fn push_value(buf: &mut String, value: &Value) -> Result<(), String> 
         }
         Value::Time(micros) => {
             if !(0..=MICROS_PER_DAY).contains(micros) {
-                return Err(format!(
+                return Err(Unrepresentable::malformed(format!(
                     "time value of {micros} microseconds is outside 00:00:00..24:00:00"
-                ));
+                )));
             }
             buf.push('\'');
             push_time_of_day(buf, *micros);
             buf.push('\'');
         }
-        Value::Timestamp(micros) => push_timestamp(buf, *micros, "timestamp")?,
-        Value::TimestampTz(micros) => push_timestamp(buf, *micros, "timestamptz")?,
+        Value::Timestamp(micros) => push_timestamp(buf, *micros, "timestamp", "")?,
+        Value::TimestampTz(micros) => push_timestamp(buf, *micros, "timestamptz", "+00")?,
         Value::Uuid(bytes) => push_uuid(buf, bytes),
         Value::Unchanged => {
-            return Err("an unchanged-TOAST marker where a value is required".to_owned());
+            return Err(Unrepresentable::malformed(
+                "an unchanged-TOAST marker where a value is required".to_owned(),
+            ));
         }
     }
     Ok(())
 }
 
-fn push_float(buf: &mut String, f: f64, type_name: &str) -> Result<(), String> {
+/// Values written as NULL since the process started, for every sink.
+static NULLED: AtomicU64 = AtomicU64::new(0);
+/// When [`note_nulled`] last logged, and how many it kept quiet about since.
+static LAST_WARN: Mutex<Option<(Instant, u64)>> = Mutex::new(None);
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Counts a value written as NULL because sink column `table.column` cannot hold it, and logs
+/// a warning at most every ten seconds (with the number of such values since the last one).
+pub(crate) fn note_nulled(sink: &str, table: &str, column: &str, value: &Value) {
+    let total = NULLED.fetch_add(1, Ordering::Relaxed) + 1;
+    let now = Instant::now();
+    let mut last = LAST_WARN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let quiet = match *last {
+        Some((at, quiet)) if now.duration_since(at) < WARN_EVERY => {
+            *last = Some((at, quiet + 1));
+            return;
+        }
+        Some((_, quiet)) => quiet,
+        None => 0,
+    };
+    *last = Some((now, 0));
+    drop(last);
+    let mut shown = String::new();
+    let _ = push_cell(&mut shown, value, SinkClass::Text);
+    tracing::warn!(
+        sink,
+        column = %format_args!("{table}.{column}"),
+        value = %shown,
+        suppressed = quiet,
+        total,
+        "the sink column cannot hold this value (MySQL has no NaN, infinity, BC or \
+         year-10000+ values); wrote NULL instead (see docs/types.md)"
+    );
+}
+
+fn push_float(buf: &mut String, f: f64, type_name: &str) -> Result<(), Unrepresentable> {
     if !f.is_finite() {
-        return Err(format!(
-            "{type_name} value {f} has no MySQL equivalent (MySQL has no NaN or infinity)"
-        ));
+        let pg = if f.is_nan() {
+            "NaN"
+        } else if f > 0.0 {
+            "Infinity"
+        } else {
+            "-Infinity"
+        };
+        return Err(Unrepresentable {
+            pg_text: Some(pg.to_owned()),
+            problem: format!(
+                "{type_name} value {pg} has no MySQL equivalent (MySQL has no NaN or infinity)"
+            ),
+        });
     }
     let _ = write!(buf, "{f:e}");
     Ok(())
@@ -113,7 +269,7 @@ fn push_float(buf: &mut String, f: f64, type_name: &str) -> Result<(), String> {
 
 /// Writes PostgreSQL's numeric text unquoted, after checking it is a plain decimal number:
 /// the text may come from a transform, and it is spliced into SQL without quotes.
-fn push_numeric(buf: &mut String, text: &str) -> Result<(), String> {
+fn push_numeric(buf: &mut String, text: &str) -> Result<(), Unrepresentable> {
     let body = text.strip_prefix(['-', '+']).unwrap_or(text);
     let (mantissa, exponent) = match body.find(['e', 'E']) {
         Some(i) => (&body[..i], Some(&body[i + 1..])),
@@ -133,35 +289,55 @@ fn push_numeric(buf: &mut String, text: &str) -> Result<(), String> {
         buf.push_str(text);
         Ok(())
     } else if matches!(body, "NaN" | "Infinity" | "inf" | "Inf") {
-        Err(format!(
-            "numeric value {text} has no MySQL equivalent (MySQL has no NaN or infinity)"
-        ))
+        Err(Unrepresentable {
+            pg_text: Some(text.to_owned()),
+            problem: format!(
+                "numeric value {text} has no MySQL equivalent (MySQL has no NaN or infinity)"
+            ),
+        })
     } else {
-        Err(format!("numeric value {text:?} is not a decimal number"))
+        Err(Unrepresentable::malformed(format!(
+            "numeric value {text:?} is not a decimal number"
+        )))
     }
 }
 
 /// Writes `YYYY-MM-DD` (no quotes) for days since 1970-01-01.
-fn push_date(buf: &mut String, days: i32) -> Result<(), String> {
-    match days {
-        i32::MAX => return Err("date value infinity has no MySQL equivalent".to_owned()),
-        i32::MIN => return Err("date value -infinity has no MySQL equivalent".to_owned()),
-        _ => {}
-    }
-    push_civil_date(buf, i64::from(days))
+fn push_date(buf: &mut String, days: i32) -> Result<(), Unrepresentable> {
+    let infinite = match days {
+        i32::MAX => "infinity",
+        i32::MIN => "-infinity",
+        _ => return push_civil_date(buf, i64::from(days), "date", |d| d),
+    };
+    Err(Unrepresentable {
+        pg_text: Some(infinite.to_owned()),
+        problem: format!("date value {infinite} has no MySQL equivalent"),
+    })
 }
 
-fn push_civil_date(buf: &mut String, days: i64) -> Result<(), String> {
+/// Writes the date of `days`, or fails for years outside 1..=9999 with PostgreSQL's text,
+/// which `pg_text` completes from the date's text (adding the time of day for timestamps).
+fn push_civil_date(
+    buf: &mut String,
+    days: i64,
+    type_name: &str,
+    pg_text: impl FnOnce(String) -> String,
+) -> Result<(), Unrepresentable> {
     let (year, month, day) = civil_from_days(days);
     if !(1..=9999).contains(&year) {
-        let shown = if year <= 0 {
-            format!("{:04}-{month:02}-{day:02} BC", 1 - year)
+        let date = if year <= 0 {
+            format!("{:04}-{month:02}-{day:02}", 1 - year)
         } else {
             format!("{year}-{month:02}-{day:02}")
         };
-        return Err(format!(
-            "date {shown} is outside MySQL's range (years 0001..9999)"
-        ));
+        let mut text = pg_text(date);
+        if year <= 0 {
+            text.push_str(" BC");
+        }
+        return Err(Unrepresentable {
+            problem: format!("{type_name} {text} is outside MySQL's range (years 0001..9999)"),
+            pg_text: Some(text),
+        });
     }
     // 1..=9999, checked above.
     let year = year as u32;
@@ -218,26 +394,40 @@ fn push_int(buf: &mut String, value: i64) {
 }
 
 /// Writes `'YYYY-MM-DD HH:MM:SS.ffffff'`; for `timestamptz` the value is UTC, which is what the
-/// lane session's `time_zone='+00:00'` expects for TIMESTAMP columns.
-fn push_timestamp(buf: &mut String, micros: i64, type_name: &str) -> Result<(), String> {
-    match micros {
-        i64::MAX => {
-            return Err(format!(
-                "{type_name} value infinity has no MySQL equivalent"
-            ));
-        }
-        i64::MIN => {
-            return Err(format!(
-                "{type_name} value -infinity has no MySQL equivalent"
-            ));
-        }
-        _ => {}
+/// lane session's `time_zone='+00:00'` expects for TIMESTAMP columns. `offset` is what
+/// PostgreSQL prints after the time in UTC (`+00` for timestamptz), for the text of values
+/// MySQL cannot hold.
+fn push_timestamp(
+    buf: &mut String,
+    micros: i64,
+    type_name: &str,
+    offset: &str,
+) -> Result<(), Unrepresentable> {
+    let infinite = match micros {
+        i64::MAX => "infinity",
+        i64::MIN => "-infinity",
+        _ => "",
+    };
+    if !infinite.is_empty() {
+        return Err(Unrepresentable {
+            pg_text: Some(infinite.to_owned()),
+            problem: format!("{type_name} value {infinite} has no MySQL equivalent"),
+        });
     }
+    let time = micros.rem_euclid(MICROS_PER_DAY);
     buf.push('\'');
-    push_civil_date(buf, micros.div_euclid(MICROS_PER_DAY))
-        .map_err(|e| format!("{type_name} {e}"))?;
+    push_civil_date(buf, micros.div_euclid(MICROS_PER_DAY), type_name, |date| {
+        let mut text = date;
+        text.push(' ');
+        push_time_of_day(&mut text, time);
+        // PostgreSQL prints no trailing fractional zeros.
+        let trimmed = text.trim_end_matches('0').trim_end_matches('.').len();
+        text.truncate(trimmed);
+        text.push_str(offset);
+        text
+    })?;
     buf.push(' ');
-    push_time_of_day(buf, micros.rem_euclid(MICROS_PER_DAY));
+    push_time_of_day(buf, time);
     buf.push('\'');
     Ok(())
 }
@@ -360,8 +550,8 @@ mod tests {
     #[test]
     fn non_finite_numbers_are_rejected() {
         assert!(err(Value::Float8(f64::NAN)).contains("NaN"));
-        assert!(err(Value::Float4(f32::INFINITY)).contains("inf"));
-        assert!(err(Value::Float8(f64::NEG_INFINITY)).contains("-inf"));
+        assert!(err(Value::Float4(f32::INFINITY)).contains("real value Infinity"));
+        assert!(err(Value::Float8(f64::NEG_INFINITY)).contains("-Infinity"));
         for text in ["NaN", "Infinity", "-Infinity"] {
             let e = err(Value::Numeric(text.into()));
             assert!(e.contains(text) && e.contains("no MySQL equivalent"), "{e}");
@@ -430,5 +620,91 @@ mod tests {
         assert!(err(Value::Date(2_932_897)).contains("10000-01-01"));
         assert!(err(Value::Time(-1)).contains("outside"));
         assert!(err(Value::Unchanged).contains("unchanged"));
+    }
+
+    fn cell(value: Value, class: SinkClass) -> (String, Written) {
+        let mut buf = String::from("x,");
+        let written = push_cell(&mut buf, &value, class).unwrap_or_else(|e| panic!("{e}"));
+        (buf[2..].to_owned(), written)
+    }
+
+    #[test]
+    fn unrepresentable_values_become_text_or_null_by_sink_column() {
+        let cases = [
+            (Value::Float8(f64::NAN), "'NaN'"),
+            (Value::Float4(f32::INFINITY), "'Infinity'"),
+            (Value::Float8(f64::NEG_INFINITY), "'-Infinity'"),
+            (Value::Numeric("NaN".into()), "'NaN'"),
+            (Value::Numeric("-Infinity".into()), "'-Infinity'"),
+            (Value::Date(i32::MAX), "'infinity'"),
+            (Value::Date(-735_160), "'0044-03-15 BC'"),
+            (Value::Timestamp(i64::MIN), "'-infinity'"),
+            // 0044-03-15 12:00:00.5 BC
+            (
+                Value::Timestamp(-735_160 * MICROS_PER_DAY + 43_200_500_000),
+                "'0044-03-15 12:00:00.5 BC'",
+            ),
+            (
+                Value::TimestampTz(-735_160 * MICROS_PER_DAY),
+                "'0044-03-15 00:00:00+00 BC'",
+            ),
+        ];
+        for (value, text) in cases {
+            assert_eq!(
+                cell(value.clone(), SinkClass::Text),
+                (text.to_owned(), Written::Value)
+            );
+            assert_eq!(
+                cell(value, SinkClass::Typed),
+                ("NULL".to_owned(), Written::Nulled)
+            );
+        }
+        // Representable values and malformed ones do not depend on the column.
+        assert_eq!(
+            cell(Value::Numeric("1.5".into()), SinkClass::Typed),
+            ("1.5".to_owned(), Written::Value)
+        );
+        assert_eq!(
+            cell(Value::Null, SinkClass::Typed),
+            ("NULL".to_owned(), Written::Value)
+        );
+        let mut buf = String::new();
+        assert!(push_cell(&mut buf, &Value::Numeric("1;x".into()), SinkClass::Text).is_err());
+        assert_eq!(SinkClass::of("LONGTEXT"), SinkClass::Text);
+        assert_eq!(SinkClass::of("varchar"), SinkClass::Text);
+        assert_eq!(SinkClass::of("decimal"), SinkClass::Typed);
+        assert_eq!(SinkClass::of("json"), SinkClass::Typed);
+    }
+
+    #[test]
+    fn builtin_arrays_become_json_and_user_arrays_stay_text() {
+        assert_eq!(
+            lit(Value::Other {
+                type_oid: 1009,
+                text: r#"{a,"it's",NULL}"#.into()
+            }),
+            r#"'["a","it''s",null]'"#
+        );
+        assert_eq!(
+            lit(Value::Other {
+                type_oid: 1007,
+                text: "{}".into()
+            }),
+            "'[]'"
+        );
+        assert_eq!(
+            lit(Value::Other {
+                type_oid: 16_501,
+                text: "{red,green}".into()
+            }),
+            "'{red,green}'"
+        );
+        assert!(
+            err(Value::Other {
+                type_oid: 1007,
+                text: "{1,".into()
+            })
+            .contains("malformed")
+        );
     }
 }

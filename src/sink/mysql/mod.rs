@@ -19,10 +19,15 @@
 //! `truncate` uses `DELETE FROM`, not `TRUNCATE TABLE`: the latter commits implicitly in MySQL
 //! and would break atomicity with the checkpoint.
 //!
-//! Sink tables are `<database>.<source table name>`: the source schema is dropped.
+//! Sink tables are `<database>.<source table name>`: the source schema is dropped. With
+//! `create_tables` missing ones are created from the source's columns (`ddl.rs`); how each
+//! PostgreSQL type is written is documented in `docs/types.md`.
 
 use super::coalesce;
+mod array;
+mod ddl;
 mod errors;
+mod evolve;
 pub(crate) mod literal;
 mod plan;
 mod schema;
@@ -94,6 +99,10 @@ struct Shared {
     options: MysqlSinkOptions,
     /// Built once; holds the password, so this type has no derived Debug.
     mysql: Opts,
+    /// Create missing sink tables when checking them.
+    create_tables: bool,
+    /// The sink columns' types, which decide how values MySQL cannot hold are written.
+    types: schema::SinkTypes,
 }
 
 /// A configured MySQL/MariaDB sink.
@@ -129,9 +138,22 @@ impl MysqlConnector {
             shared: Arc::new(Shared {
                 options: opts,
                 mysql,
+                create_tables: false,
+                types: schema::SinkTypes::default(),
             }),
             snapshot: snapshot::Loader::default(),
         }
+    }
+}
+
+impl MysqlConnector {
+    /// Whether checking the tables creates missing ones (`create_tables`; default false).
+    #[must_use]
+    pub fn with_create_tables(mut self, create: bool) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.create_tables = create;
+        }
+        self
     }
 }
 
@@ -210,7 +232,24 @@ impl SinkConnector for MysqlConnector {
                     &e,
                 )
             })?;
-            let result = schema::check(&mut conn, shared.sink(), &o.database, tables).await;
+            // Columns the source gained while Zipline was stopped are added as they would be
+            // mid-stream.
+            for table in tables {
+                let fitted = evolve::fit(&mut conn, shared.sink(), &o.database, table, false);
+                if let Err(e) = fitted.await {
+                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+                    return Err(e);
+                }
+            }
+            let result = schema::check(
+                &mut conn,
+                shared.sink(),
+                &o.database,
+                tables,
+                shared.create_tables,
+                &shared.types,
+            )
+            .await;
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
             result
         })
@@ -252,6 +291,7 @@ impl SinkConnector for MysqlConnector {
                 checkpoint,
                 buf: String::new(),
                 in_tx: false,
+                shapes: super::shapes::KnownShapes::default(),
             }) as Box<dyn LaneSink>)
         })
     }
@@ -359,6 +399,8 @@ struct MysqlLane {
     buf: String,
     /// A transaction was started and not yet ended: a previous call was cancelled midway.
     in_tx: bool,
+    /// Table shapes the sink tables are known to fit (see `evolve.rs`).
+    shapes: super::shapes::KnownShapes,
 }
 
 impl fmt::Debug for MysqlLane {
@@ -386,6 +428,19 @@ impl MysqlLane {
         }
         if self.conn.is_none() {
             self.conn = Some(self.shared.connect().await?);
+        }
+        let conn = self.conn.as_mut().expect("connected above");
+        let shared = &self.shared;
+        if let Err(e) = shared
+            .types
+            .ensure(conn, &shared.options.database, plan.shapes())
+            .await
+        {
+            let err = sink_error(shared.sink(), "reading the sink tables' column types", &e);
+            if errors::connection_lost(&e) {
+                self.drop_conn().await;
+            }
+            return Err(err);
         }
         let result = self.run(&mut plan, prelude, position).await;
         if let Err((err, broken)) = &result {
@@ -495,6 +550,8 @@ impl LaneSink for MysqlLane {
     fn apply<'a>(&'a mut self, batch: &'a Batch) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let shared = Arc::clone(&self.shared);
+            // Columns the source gained are added first, outside the batch's transaction.
+            self.fit_shapes(&batch.changes).await?;
             if let [change] = batch.changes.as_slice()
                 && let Some(old_key) = &change.old_key
                 && change.values.contains(&Value::Unchanged)
@@ -508,12 +565,14 @@ impl LaneSink for MysqlLane {
                     old_key: None,
                     ..Change::clone(change)
                 })];
-                let plan = Plan::build(&upsert, &shared.options.database, shared.sink())?;
+                let plan = Plan::build(&upsert, &shared.options.database, shared.sink())?
+                    .with_types(&shared.types);
                 return self
                     .write(plan, Some(&prelude), batch.last_position())
                     .await;
             }
-            let plan = Plan::build(&batch.changes, &shared.options.database, shared.sink())?;
+            let plan = Plan::build(&batch.changes, &shared.options.database, shared.sink())?
+                .with_types(&shared.types);
             self.write(plan, None, batch.last_position()).await
         })
     }
@@ -533,6 +592,8 @@ impl LaneSink for MysqlLane {
     fn reconnect(&mut self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async move {
             self.drop_conn().await;
+            // The sink may have restarted with other tables: match shapes against them again.
+            self.shapes.clear();
             self.conn = Some(self.shared.connect().await?);
             Ok(())
         })

@@ -15,7 +15,8 @@
 use std::sync::Arc;
 
 use super::coalesce::{DeleteGroup, Row, TablePlan, UpsertGroup, coalesce};
-use super::literal::{push_ident, push_value};
+use super::literal::{SinkClass, Written, note_nulled, push_cell, push_ident, push_value};
+use super::schema::SinkTypes;
 use crate::change::{Change, Table, Value};
 use crate::sink::SinkError;
 
@@ -47,6 +48,8 @@ pub(crate) struct StmtInfo {
 pub(crate) struct Plan<'a> {
     database: &'a str,
     sink: &'a str,
+    /// The sink columns' types; without them values MySQL cannot hold are errors.
+    types: Option<&'a SinkTypes>,
     limit: usize,
     tables: Vec<TablePlan<'a>>,
     cursor: Cursor,
@@ -80,6 +83,7 @@ impl<'a> Plan<'a> {
         Ok(Plan {
             database,
             sink,
+            types: None,
             limit: STATEMENT_LIMIT,
             tables,
             cursor: Cursor::default(),
@@ -91,6 +95,7 @@ impl<'a> Plan<'a> {
         Plan {
             database,
             sink,
+            types: None,
             limit: STATEMENT_LIMIT,
             tables: vec![TablePlan {
                 source: table,
@@ -100,6 +105,19 @@ impl<'a> Plan<'a> {
             }],
             cursor: Cursor::default(),
         }
+    }
+
+    /// Every table shape the plan writes.
+    pub(crate) fn shapes(&self) -> impl Iterator<Item = &'a Table> + '_ {
+        self.tables
+            .iter()
+            .flat_map(|t| std::iter::once(t.source).chain(t.upserts.iter().map(|g| g.shape)))
+    }
+
+    /// Writes values MySQL cannot hold as the sink columns' types allow (see `literal.rs`).
+    pub(crate) fn with_types(mut self, types: &'a SinkTypes) -> Self {
+        self.types = Some(types);
+        self
     }
 
     #[cfg(test)]
@@ -243,14 +261,20 @@ impl<'a> Plan<'a> {
             push_ident(buf, &col.name);
         }
         buf.push_str(") VALUES ");
+        let classes = self.types.map_or_else(
+            || vec![SinkClass::Strict; shape.columns.len()],
+            |t| t.classes(shape),
+        );
         let written = self.push_rows(buf, shape, &group.rows[from..], |buf, row| {
             let values = row.values();
             buf.push('(');
-            for (n, (i, _)) in kept().enumerate() {
+            for (n, (i, col)) in kept().enumerate() {
                 if n > 0 {
                     buf.push(',');
                 }
-                push_value(buf, &values[i]).map_err(|e| (i, e))?;
+                if push_cell(buf, &values[i], classes[i]).map_err(|e| (i, e))? == Written::Nulled {
+                    note_nulled(self.sink, &shape.name, &col.name, &values[i]);
+                }
             }
             buf.push(')');
             Ok(())

@@ -9,33 +9,119 @@
 //! Other unique indexes are allowed with a warning: a conflict on one makes the upsert update
 //! the *other* row.
 //!
+//! With `create_tables: true` a missing table is first created from the source's columns
+//! (see `ddl.rs`). The sink columns' data types are kept in [`SinkTypes`]: how a value MySQL
+//! cannot represent is written depends on them (see `literal.rs`).
+//!
 //! Every problem found is reported at once, in one Fatal error.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
 
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 
+use super::ddl;
 use super::errors::sink_error;
-use super::literal::{push_ident, push_str};
+use super::literal::{SinkClass, push_ident, push_str};
 use crate::change::Table;
 use crate::sink::SinkError;
+
+/// The class of every sink column, by table name, then lower-cased column name; filled when
+/// the tables are checked, read for every statement.
+#[derive(Default)]
+pub(super) struct SinkTypes(RwLock<HashMap<String, Arc<HashMap<String, SinkClass>>>>);
+
+impl SinkTypes {
+    fn set(&self, table: &str, columns: &[SinkColumn]) {
+        let classes = columns
+            .iter()
+            .map(|c| (c.name.to_lowercase(), SinkClass::of(&c.data_type)))
+            .collect();
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(table.to_owned(), Arc::new(classes));
+    }
+
+    /// Reads the column types of every sink table of `shapes` not known yet, or known without
+    /// one of the shape's columns (added since): a transform may route changes to tables the
+    /// check never saw, and the snapshot writes through connector instances of its own.
+    pub(super) async fn ensure<'t>(
+        &self,
+        conn: &mut Conn,
+        database: &str,
+        shapes: impl IntoIterator<Item = &'t Table>,
+    ) -> Result<(), mysql_async::Error> {
+        let mut missing: Vec<String> = {
+            let known = self
+                .0
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            shapes
+                .into_iter()
+                .filter(|shape| match known.get(&shape.name) {
+                    None => true,
+                    Some(cols) => shape
+                        .columns
+                        .iter()
+                        .any(|c| !cols.contains_key(&c.name.to_lowercase())),
+                })
+                .map(|shape| shape.name.clone())
+                .collect()
+        };
+        missing.sort_unstable();
+        missing.dedup();
+        for table in missing {
+            let cols = columns(conn, database, &table).await?;
+            if !cols.is_empty() {
+                self.set(&table, &cols);
+            }
+        }
+        Ok(())
+    }
+
+    /// The class of each of `shape`'s columns in the sink ([`SinkClass::Strict`] where the
+    /// sink column is not known).
+    pub(super) fn classes(&self, shape: &Table) -> Vec<SinkClass> {
+        let known = self
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&shape.name)
+            .cloned();
+        shape
+            .columns
+            .iter()
+            .map(|c| {
+                known
+                    .as_ref()
+                    .and_then(|k| k.get(&c.name.to_lowercase()).copied())
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+}
 
 /// A sink column, as `information_schema.COLUMNS` describes it.
 struct SinkColumn {
     name: String,
+    /// `DATA_TYPE`, e.g. `decimal`, `longtext`.
+    data_type: String,
     /// NOT NULL, no default, not auto-increment, not generated: every insert must set it.
     required: bool,
     generated: bool,
 }
 
-/// Checks every table in `tables` (see the module docs).
+/// Checks every table in `tables` (see the module docs), creating missing ones first when
+/// `create` is set, and records the sink column types in `types`.
 pub(super) async fn check(
     conn: &mut Conn,
     sink: &str,
     database: &str,
     tables: &[Arc<Table>],
+    create: bool,
+    types: &SinkTypes,
 ) -> Result<(), SinkError> {
     let mut problems = Vec::new();
     for table in tables {
@@ -43,9 +129,29 @@ pub(super) async fn check(
             "reading the definition of table {}",
             target(database, table)
         );
-        let columns = columns(conn, database, &table.name)
+        let mut columns = columns(conn, database, &table.name)
             .await
             .map_err(|e| sink_error(sink, &doing, &e))?;
+        if columns.is_empty() && create {
+            let sql = match ddl::create_table_sql(database, table) {
+                Ok(sql) => sql,
+                Err(problem) => {
+                    problems.push(format!(
+                        "cannot create table {}: {problem}",
+                        target(database, table)
+                    ));
+                    continue;
+                }
+            };
+            let creating = format!("creating table {}", target(database, table));
+            conn.query_drop(&sql)
+                .await
+                .map_err(|e| sink_error(sink, &creating, &e))?;
+            tracing::info!(sink, table = %target(database, table), source = %table.qualified_name(), "created the sink table");
+            columns = self::columns(conn, database, &table.name)
+                .await
+                .map_err(|e| sink_error(sink, &doing, &e))?;
+        }
         if columns.is_empty() {
             problems.push(format!(
                 "table {} does not exist (source table {}); create it with a primary key on ({})",
@@ -55,6 +161,7 @@ pub(super) async fn check(
             ));
             continue;
         }
+        types.set(&table.name, &columns);
         let indexes = unique_indexes(conn, database, &table.name)
             .await
             .map_err(|e| sink_error(sink, &doing, &e))?;
@@ -70,7 +177,7 @@ pub(super) async fn check(
     }
 }
 
-fn target(database: &str, table: &Table) -> String {
+pub(super) fn target(database: &str, table: &Table) -> String {
     let mut out = String::new();
     push_ident(&mut out, database);
     out.push('.');
@@ -86,7 +193,7 @@ fn key_names(table: &Table) -> Vec<&str> {
         .collect()
 }
 
-fn same_name(a: &str, b: &str) -> bool {
+pub(super) fn same_name(a: &str, b: &str) -> bool {
     a.to_lowercase() == b.to_lowercase()
 }
 
@@ -175,16 +282,16 @@ async fn columns(
     table: &str,
 ) -> Result<Vec<SinkColumn>, mysql_async::Error> {
     let mut sql = String::from(
-        "SELECT COLUMN_NAME, IS_NULLABLE, COLUMN_DEFAULT IS NULL, EXTRA \
+        "SELECT COLUMN_NAME, DATA_TYPE, IS_NULLABLE, COLUMN_DEFAULT IS NULL, EXTRA \
          FROM information_schema.COLUMNS WHERE TABLE_SCHEMA=",
     );
     push_str(&mut sql, database);
     sql.push_str(" AND TABLE_NAME=");
     push_str(&mut sql, table);
-    let rows: Vec<(String, String, bool, Option<String>)> = conn.query(sql).await?;
+    let rows: Vec<(String, String, String, bool, Option<String>)> = conn.query(sql).await?;
     Ok(rows
         .into_iter()
-        .map(|(name, nullable, no_default, extra)| {
+        .map(|(name, data_type, nullable, no_default, extra)| {
             let extra = extra.unwrap_or_default().to_ascii_lowercase();
             // MySQL also says DEFAULT_GENERATED for expression defaults, which are writable.
             let generated = [
@@ -198,6 +305,7 @@ async fn columns(
                 nullable == "NO" && no_default && !extra.contains("auto_increment") && !generated;
             SinkColumn {
                 name,
+                data_type,
                 required,
                 generated,
             }
@@ -258,6 +366,7 @@ mod tests {
     fn col(name: &str, required: bool, generated: bool) -> SinkColumn {
         SinkColumn {
             name: name.into(),
+            data_type: "int".into(),
             required,
             generated,
         }

@@ -31,8 +31,9 @@ use futures_util::StreamExt;
 use mysql_async::Conn;
 use mysql_async::prelude::Queryable;
 
+use super::array::{is_builtin_array, push_json_array};
 use super::errors::{self, sink_error};
-use super::literal::{push_ident, push_str, push_value};
+use super::literal::{SinkClass, Written, note_nulled, push_cell, push_ident, push_str};
 use super::plan::{Plan, key_text};
 use super::{CLOSE_TIMEOUT, Shared};
 use crate::change::{Change, Op, Position, Table, Value};
@@ -342,6 +343,22 @@ pub(super) async fn load(
     changes: Input<'_>,
 ) -> Result<(), SinkError> {
     let mut conn = loader.take(shared).await?;
+    let shapes: Vec<&Table> = match changes {
+        Input::Changes(changes) => changes.iter().map(|c| &*c.table).collect(),
+        Input::Rows(table, _) => vec![&**table],
+    };
+    if let Err(e) = shared
+        .types
+        .ensure(&mut conn, &shared.options.database, shapes)
+        .await
+    {
+        close(conn).await;
+        return Err(sink_error(
+            shared.sink(),
+            "reading the sink tables' column types",
+            &e,
+        ));
+    }
     let infile = !loader.infile_refused.load(Ordering::Relaxed);
     let result = if infile {
         load_infile(shared, &mut conn, chunk, changes).await
@@ -404,14 +421,20 @@ async fn load_infile(
         data.clear();
         // Most rows take well under this; one reallocation at most instead of a dozen.
         data.reserve(group.len() * 128);
-        render_rows(&mut data, &mut scratch, &group).map_err(|(row, column, problem)| {
-            Failure::Other(SinkError::definite(format!(
-                "sink {sink}: {}.{}: {problem} (row key {})",
-                shape.qualified_name(),
-                shape.columns[column].name,
-                key_text(shape, shape.key.iter().map(|&i| &group[row][i]))
-            )))
-        })?;
+        let classes = shared.types.classes(shape);
+        let nulled = |column: usize, value: &Value| {
+            note_nulled(sink, &shape.name, &shape.columns[column].name, value);
+        };
+        render_rows(&mut data, &mut scratch, &group, &classes, nulled).map_err(
+            |(row, column, problem)| {
+                Failure::Other(SinkError::definite(format!(
+                    "sink {sink}: {}.{}: {problem} (row key {})",
+                    shape.qualified_name(),
+                    shape.columns[column].name,
+                    key_text(shape, shape.key.iter().map(|&i| &group[row][i]))
+                )))
+            },
+        )?;
         let pieces = pieces(Bytes::from(std::mem::take(&mut data)), PIECE);
         conn.set_infile_handler(async move {
             Ok(futures_util::stream::iter(pieces.into_iter().map(Ok)).boxed())
@@ -465,7 +488,9 @@ async fn load_upserts(
             &made
         }
     };
-    let mut plan = Plan::build(changes, &shared.options.database, sink).map_err(Failure::Other)?;
+    let mut plan = Plan::build(changes, &shared.options.database, sink)
+        .map_err(Failure::Other)?
+        .with_types(&shared.types);
     let mut buf = String::from("START TRANSACTION");
     conn.query_drop(&buf)
         .await
@@ -533,26 +558,45 @@ fn load_sql(database: &str, shape: &Table) -> String {
 }
 
 /// Appends `rows` as infile lines. On error: (row index, column index, what is wrong).
+/// `classes` are the sink columns' classes; `nulled` is told of each value written as NULL
+/// because its column cannot hold it.
 fn render_rows(
     out: &mut Vec<u8>,
     scratch: &mut String,
     rows: &[&[Value]],
+    classes: &[SinkClass],
+    mut nulled: impl FnMut(usize, &Value),
 ) -> Result<(), (usize, usize, String)> {
     for (r, row) in rows.iter().enumerate() {
         for (c, value) in row.iter().enumerate() {
             if c > 0 {
                 out.push(b'\t');
             }
-            render_value(out, scratch, value).map_err(|problem| (r, c, problem))?;
+            let class = classes.get(c).copied().unwrap_or_default();
+            if render_value(out, scratch, value, class).map_err(|problem| (r, c, problem))?
+                == Written::Nulled
+            {
+                nulled(c, value);
+            }
         }
         out.push(b'\n');
     }
     Ok(())
 }
 
-fn render_value(out: &mut Vec<u8>, scratch: &mut String, value: &Value) -> Result<(), String> {
+fn render_value(
+    out: &mut Vec<u8>,
+    scratch: &mut String,
+    value: &Value,
+    class: SinkClass,
+) -> Result<Written, String> {
     match value {
         Value::Null => out.extend_from_slice(b"\\N"),
+        Value::Other { type_oid, text } if is_builtin_array(*type_oid) => {
+            scratch.clear();
+            push_json_array(scratch, *type_oid, text)?;
+            push_escaped(out, scratch.as_bytes());
+        }
         Value::Text(text) | Value::Json(text) | Value::Other { text, .. } => {
             push_escaped(out, text.as_bytes())
         }
@@ -564,8 +608,13 @@ fn render_value(out: &mut Vec<u8>, scratch: &mut String, value: &Value) -> Resul
         other => {
             // Numbers, booleans, temporal values and UUIDs: the SQL literal without its
             // quotes; none of them holds a tab, newline or backslash.
+            // PostgreSQL's text for a value MySQL cannot hold (`'NaN'`, `'0044-03-15 BC'`)
+            // has no quote, tab, newline or backslash either.
             scratch.clear();
-            push_value(scratch, other)?;
+            if push_cell(scratch, other, class)? == Written::Nulled {
+                out.extend_from_slice(b"\\N");
+                return Ok(Written::Nulled);
+            }
             let text = scratch.as_str();
             let text = text
                 .strip_prefix('\'')
@@ -574,7 +623,7 @@ fn render_value(out: &mut Vec<u8>, scratch: &mut String, value: &Value) -> Resul
             out.extend_from_slice(text.as_bytes());
         }
     }
-    Ok(())
+    Ok(Written::Value)
 }
 
 /// A decimal integer, without going through `fmt` (the hot path of most keys).
@@ -660,7 +709,7 @@ mod tests {
         ];
         let b = vec![Value::Int8(i64::MIN), Value::Null, Value::Null, Value::Null];
         let mut out = Vec::new();
-        render_rows(&mut out, &mut String::new(), &[&a, &b]).unwrap();
+        render_rows(&mut out, &mut String::new(), &[&a, &b], &[], |_, _| {}).unwrap();
         assert_eq!(
             out,
             b"-7\ttab\\there\\nline \\\\N back\\\\slash\t2023-11-14 22:13:20.123456\t\\0\\t\xff\n\
@@ -673,9 +722,39 @@ mod tests {
             Value::TimestampTz(i64::MAX),
             Value::Null,
         ];
-        let err = render_rows(&mut out, &mut String::new(), &[&bad]).unwrap_err();
+        let err = render_rows(&mut out, &mut String::new(), &[&bad], &[], |_, _| {}).unwrap_err();
         assert_eq!((err.0, err.1), (0, 2));
         assert!(err.2.contains("infinity"), "{}", err.2);
+    }
+
+    #[test]
+    fn unrepresentable_values_follow_the_sink_column_and_arrays_become_json() {
+        let row = vec![
+            Value::Numeric("NaN".into()),
+            Value::Float8(f64::INFINITY),
+            Value::Date(i32::MIN),
+            Value::Other {
+                type_oid: 1009,
+                text: "{\"a\tb\",NULL}".into(),
+            },
+        ];
+        let classes = [
+            SinkClass::Text,
+            SinkClass::Typed,
+            SinkClass::Text,
+            SinkClass::Typed,
+        ];
+        let mut nulled = Vec::new();
+        let mut out = Vec::new();
+        render_rows(&mut out, &mut String::new(), &[&row], &classes, |c, _| {
+            nulled.push(c)
+        })
+        .unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "NaN\t\\N\t-infinity\t[\"a\\\\tb\",null]\n"
+        );
+        assert_eq!(nulled, [1]);
     }
 
     #[test]

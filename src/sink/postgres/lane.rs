@@ -1,6 +1,8 @@
 //! One lane's writer: its connection, checkpoint, caches, and the transaction of a batch
 //! (see the parent module's docs for the message flow).
 
+pub(super) mod evolve;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -56,6 +58,8 @@ pub(super) struct PostgresLane {
     dirty: bool,
     /// Batches still to write without plain inserts (after a conflict or a retry).
     safe_batches: u32,
+    /// Table shapes the sink tables are known to fit (see `evolve.rs`).
+    shapes: crate::sink::shapes::KnownShapes,
 }
 
 impl fmt::Debug for PostgresLane {
@@ -119,12 +123,15 @@ impl PostgresLane {
             checkpoint_sql,
             dirty: false,
             safe_batches: 0,
+            shapes: crate::sink::shapes::KnownShapes::default(),
         }
     }
 
     fn forget_connection(&mut self) {
         self.client = None;
         self.tables.clear();
+        // The sink may have restarted with other tables: match shapes against them again.
+        self.shapes.clear();
         self.statements.clear();
         self.dirty = false;
     }
@@ -478,6 +485,8 @@ impl LaneSink for PostgresLane {
     fn apply<'a>(&'a mut self, batch: &'a Batch) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let shared = Arc::clone(&self.shared);
+            // Columns the source gained are added first, outside the batch's transaction.
+            self.fit_shapes(&batch.changes).await?;
             if let [change] = batch.changes.as_slice()
                 && let Some(old_key) = &change.old_key
                 && change.values.contains(&Value::Unchanged)

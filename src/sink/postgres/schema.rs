@@ -11,6 +11,9 @@
 //! cannot be written. Other unique indexes are allowed with a warning (a conflict on one is an
 //! error the pipeline stops on). Every problem is reported at once, in one Fatal error.
 //!
+//! Source columns an existing table lacks are added first (nullable; see `lane/evolve.rs`),
+//! as they are when the source gains them mid-stream.
+//!
 //! With `create_tables`, a missing table is created with the source's exact types:
 //! `format_type(type OID, typmod)` evaluated on the sink, which is right for every built-in
 //! type (their OIDs are fixed across clusters, `FirstNormalObjectId` = 16384). Types the
@@ -27,10 +30,11 @@ use tokio_postgres::Client;
 use super::errors::sink_error;
 use super::sql::{push_ident, qualified};
 use crate::change::Table;
+use crate::error::ErrorClass;
 use crate::sink::SinkError;
 
 /// OIDs below this belong to objects created by `initdb`, the same in every cluster.
-const FIRST_NORMAL_OID: u32 = 16_384;
+pub(super) const FIRST_NORMAL_OID: u32 = 16_384;
 
 /// A sink column as the catalog describes it.
 #[derive(Debug, Clone)]
@@ -51,6 +55,14 @@ pub(super) struct SinkTable {
 }
 
 impl SinkTable {
+    /// Columns every insert must set (NOT NULL without a default, not identity or generated).
+    pub(super) fn required_columns(&self) -> impl Iterator<Item = &str> {
+        self.columns
+            .iter()
+            .filter(|(_, c)| c.required)
+            .map(|(n, _)| n.as_str())
+    }
+
     /// The cast target for values of sink column `column`.
     pub(super) fn cast(&self, column: &str) -> Option<&str> {
         self.columns.get(column).map(|c| c.cast.as_str())
@@ -226,6 +238,27 @@ pub(super) async fn check(
             ));
             continue;
         }
+        // Columns the source gained while Zipline was stopped are added as they would be
+        // mid-stream (see `lane/evolve.rs`).
+        let fitted = super::lane::evolve::fit(client, sink, table, &rel.table, false);
+        let rel = match fitted.await {
+            Ok(false) => rel,
+            Ok(true) => relation(client, target_schema, &table.name)
+                .await
+                .map_err(reading)?
+                .unwrap_or(rel),
+            Err(e) if e.class == ErrorClass::Transient => return Err(e),
+            Err(e) => {
+                let prefix = format!("sink {sink}: ");
+                problems.push(
+                    e.message
+                        .strip_prefix(&prefix)
+                        .unwrap_or(&e.message)
+                        .to_owned(),
+                );
+                continue;
+            }
+        };
         let indexes = unique_indexes(client, rel.oid).await.map_err(reading)?;
         problems.extend(table_problems(table, &rel.table, &indexes, sink));
     }

@@ -277,7 +277,16 @@ impl Source for PostgresSource {
                     return Ok(());
                 }
             }
-            replication::run(&this.opts, params, outputs, stop, stats).await
+            // Relation messages of REPLICA IDENTITY FULL tables flag every column as key.
+            let keys = this
+                .tables
+                .iter()
+                .map(|t| {
+                    let key = t.key.iter().map(|&i| t.columns[i].name.clone()).collect();
+                    ((t.schema.clone(), t.name.clone()), key)
+                })
+                .collect();
+            replication::run(&this.opts, Arc::new(keys), params, outputs, stop, stats).await
         })
     }
 }

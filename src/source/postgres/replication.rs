@@ -25,7 +25,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::conn::{
     ConnError, ConnectParams, ReplMessage, ReplicationConn, ReplicationStream, now_pg_micros,
 };
-use super::pgoutput::{self, PgOutput, Relations};
+use super::pgoutput::{self, KeyHints, PgOutput, Relations};
 use super::spill::Spill;
 use super::{PostgresSourceOptions, quote_ident, quote_literal};
 use crate::change::{Change, Lsn, Position};
@@ -60,6 +60,8 @@ struct State<'a> {
     spill: Spill,
     /// The top-level xid of the stream block being received, between Stream Start and Stop.
     streaming: Option<u32>,
+    /// For SQL connections made while streaming (see `stop_at_schema_change`).
+    params: ConnectParams,
 }
 
 struct OpenTx {
@@ -83,6 +85,7 @@ enum Flow {
 
 pub(crate) async fn run(
     opts: &PostgresSourceOptions,
+    keys: KeyHints,
     params: ConnectParams,
     outputs: Outputs,
     stop: watch::Receiver<StopMode>,
@@ -101,7 +104,7 @@ pub(crate) async fn run(
         stop,
         stats,
         tracker: AckTracker::new(Lsn(0)),
-        relations: Relations::default(),
+        relations: Relations::new(keys),
         tx: None,
         received: Lsn(0),
         reported: Lsn(0),
@@ -117,6 +120,7 @@ pub(crate) async fn run(
             ))
         })?,
         streaming: None,
+        params: params.clone(),
     };
     let mut failures = 0u32;
     loop {
@@ -144,7 +148,7 @@ pub(crate) async fn run(
         st.tracker.abandon_open();
         st.tx = None;
         st.staged.clear();
-        st.relations = Relations::default();
+        st.relations.reset();
         st.streaming = None;
         st.spill.reset().map_err(|e| spill_error(st.opts, &e))?;
         let delay = crate::lane::backoff_for(failures);
@@ -510,10 +514,12 @@ async fn on_data(
     msg: PgOutput,
 ) -> Result<Flow, SourceError> {
     match msg {
-        PgOutput::Relation(body) => {
-            let table = st.relations.apply_relation(body);
-            tracing::debug!(table = %table.qualified_name(), columns = table.columns.len(), "relation");
-        }
+        PgOutput::Relation(body) => match st.relations.apply_relation(body) {
+            Ok(table) => {
+                tracing::debug!(table = %table.qualified_name(), columns = table.columns.len(), "relation");
+            }
+            Err(e) => return Err(stop_at_schema_change(st, stream, &e).await),
+        },
         msg @ (PgOutput::Insert { .. } | PgOutput::Update { .. } | PgOutput::Delete { .. }) => {
             let position = next_position(st)?;
             let change = st
@@ -563,6 +569,57 @@ async fn on_data(
         }
     }
     Ok(Flow::Continue)
+}
+
+/// A Relation message the sinks cannot follow (a column changed type): let everything before
+/// it become durable and confirm it, so that after the operator's fix the restart resumes
+/// right at the change instead of replaying older rows (and this message) again; then stop.
+/// Nothing after the message was dispatched, so none of it is applied or confirmed.
+async fn stop_at_schema_change(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    e: &pgoutput::ChangeError,
+) -> SourceError {
+    let err = change_error(st, e);
+    let settled = async {
+        if let Flow::Stopped = Box::pin(staged::flush(st, stream)).await? {
+            return Ok(());
+        }
+        if wait_idle_streaming(st, stream).await? {
+            drain_acks(st);
+            report(st, stream, false).await?;
+            wait_confirmed(&st.params, &st.opts.slot_name, st.reported).await?;
+        }
+        Ok::<_, SourceError>(())
+    };
+    if let Err(other) = settled.await {
+        tracing::warn!(connector = %st.opts.connector, error = %other, "could not confirm the changes before the schema change");
+    }
+    err
+}
+
+/// Waits (up to 5 s) until the slot's confirmed position shows the last report: the caller
+/// exits next, and a connection closed with unread data in it is reset, which can lose a
+/// status update the walsender has not read yet.
+async fn wait_confirmed(params: &ConnectParams, slot: &str, lsn: Lsn) -> Result<(), SourceError> {
+    let client = super::setup::connect_sql(params, 0).await?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let wanted = lsn.to_string();
+    loop {
+        let done: bool = client
+            .query_one(
+                "SELECT coalesce(confirmed_flush_lsn >= $2::text::pg_lsn, true) \
+                 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot, &wanted],
+            )
+            .await
+            .map_err(|e| super::setup::sql_error("reading the slot's confirmed position", &e))?
+            .get(0);
+        if done || Instant::now() >= deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 fn change_error(st: &State<'_>, e: &pgoutput::ChangeError) -> SourceError {
@@ -618,6 +675,13 @@ async fn send(
     lane: u32,
     change: Change,
 ) -> Result<Flow, SourceError> {
+    // The common case, a queue with room, needs none of the waiting below: building that
+    // select (and cloning the sender and stop receiver for it) cost more than the send.
+    if let Ok(permit) = st.outputs.routers[sink].sender(lane).try_reserve() {
+        permit.send(Arc::new(change));
+        st.tracker.dispatched(1);
+        return Ok(Flow::Continue);
+    }
     let sender = st.outputs.routers[sink].sender(lane).clone();
     // A clone: a Drain noticed while waiting here must still reach the main loop.
     let mut stop = st.stop.clone();

@@ -181,22 +181,21 @@ async fn describe_table(client: &Client, schema: &str, name: &str) -> Result<Tab
         .ok_or_else(|| SourceError::fatal(format!("table {qualified} does not exist on the source")))?;
     let oid: u32 = rel.get(0);
     let identity: String = rel.get(1);
-    // The key pgoutput will flag: the primary key under REPLICA IDENTITY DEFAULT, the chosen
-    // index under USING INDEX. FULL and NOTHING are refused: FULL keys every column, which a
-    // sink cannot upsert by, and NOTHING sends no key at all.
+    // The key Zipline routes, upserts and deletes by: the primary key under REPLICA IDENTITY
+    // DEFAULT, the chosen index under USING INDEX. Under FULL, pgoutput flags every column as
+    // key, which a sink cannot upsert by; the table's own key is used instead (see
+    // `identity_key_filter`). NOTHING sends no old values at all, so deletes could not be
+    // applied.
     let key_index_filter = match identity.as_str() {
-        "d" => "i.indisprimary",
-        "i" => "i.indisreplident",
-        "f" => {
-            return Err(SourceError::fatal(format!(
-                "table {qualified} has REPLICA IDENTITY FULL, which Zipline does not support yet: \
-                 give it a primary key and run ALTER TABLE {qualified} REPLICA IDENTITY DEFAULT"
-            )));
-        }
+        "d" => "i.indisprimary".to_owned(),
+        "i" => "i.indisreplident".to_owned(),
+        "f" => identity_key_filter(client, oid, &qualified).await?,
         _ => {
             return Err(SourceError::fatal(format!(
-                "table {qualified} has REPLICA IDENTITY NOTHING: Zipline needs a key; give it a primary key \
-                 and run ALTER TABLE {qualified} REPLICA IDENTITY DEFAULT"
+                "table {qualified} has REPLICA IDENTITY NOTHING, so its updates and deletes carry \
+                 no key: Zipline cannot apply them; give it a primary key and run ALTER TABLE \
+                 {qualified} REPLICA IDENTITY DEFAULT (or USING INDEX <unique index on NOT NULL \
+                 columns>)"
             )));
         }
     };
@@ -219,6 +218,7 @@ async fn describe_table(client: &Client, schema: &str, name: &str) -> Result<Tab
             is_key: r.get(3),
         })
         .collect();
+    refuse_unsupported_types(client, oid, &qualified).await?;
     if !columns.iter().any(|c| c.is_key) {
         return Err(SourceError::fatal(format!(
             "table {qualified} has no primary key: Zipline routes and applies rows by key; add one \
@@ -227,6 +227,91 @@ async fn describe_table(client: &Client, schema: &str, name: &str) -> Result<Tab
         )));
     }
     Ok(Table::new(schema.to_owned(), name.to_owned(), columns))
+}
+
+/// Fails naming every column whose type cannot round-trip through a sink: composite (row)
+/// types and pseudo-types, also inside domains and arrays (resolved down to the element).
+/// Everything else travels as a typed value or as PostgreSQL's text (see `docs/types.md`).
+async fn refuse_unsupported_types(
+    client: &Client,
+    oid: u32,
+    qualified: &str,
+) -> Result<(), SourceError> {
+    let rows = client
+        .query(
+            "WITH RECURSIVE t(col, typ, shown, depth) AS ( \
+               SELECT a.attname::text, a.atttypid, format_type(a.atttypid, a.atttypmod), 0 \
+               FROM pg_attribute a WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped \
+             UNION ALL \
+               SELECT t.col, CASE WHEN ty.typtype = 'd' THEN ty.typbasetype ELSE ty.typelem END, \
+                      t.shown, t.depth + 1 \
+               FROM t JOIN pg_type ty ON ty.oid = t.typ \
+               WHERE t.depth < 16 AND (ty.typtype = 'd' OR (ty.typcategory = 'A' AND ty.typelem <> 0))) \
+             SELECT t.col, t.shown, format_type(ty.oid, NULL), ty.typtype::text \
+             FROM t JOIN pg_type ty ON ty.oid = t.typ WHERE ty.typtype IN ('c', 'p') \
+             ORDER BY t.col",
+            &[&oid],
+        )
+        .await
+        .map_err(|e| sql_error("reading the column types from pg_type", &e))?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let problems: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let (column, shown, inner, typtype): (String, String, String, String) =
+                (r.get(0), r.get(1), r.get(2), r.get(3));
+            let kind = if typtype == "c" {
+                "composite"
+            } else {
+                "pseudo"
+            };
+            if shown == inner {
+                format!("{qualified}.{column} has {kind} type {shown}")
+            } else {
+                format!("{qualified}.{column} has type {shown}, built on {kind} type {inner}")
+            }
+        })
+        .collect();
+    Err(SourceError::fatal(format!(
+        "unsupported column types: {}; Zipline cannot replicate composite or pseudo types. \
+         Change the column to a supported type (e.g. ALTER TABLE ... ALTER COLUMN ... TYPE \
+         jsonb USING to_jsonb(column)), or remove the table from the publication",
+        problems.join("; ")
+    )))
+}
+
+/// For a REPLICA IDENTITY FULL table: the filter on `pg_index i` that picks its key, the
+/// primary key or else the first unique index (by OID) that can identify a row: on plain NOT
+/// NULL columns, not partial, not deferrable, valid (what USING INDEX itself requires).
+async fn identity_key_filter(
+    client: &Client,
+    oid: u32,
+    qualified: &str,
+) -> Result<String, SourceError> {
+    let index: Option<u32> = client
+        .query_opt(
+            "SELECT i.indexrelid FROM pg_index i \
+             WHERE i.indrelid = $1 AND i.indisunique AND i.indimmediate AND i.indisvalid \
+               AND i.indpred IS NULL AND i.indexprs IS NULL \
+               AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indrelid \
+                               AND a.attnum = ANY(i.indkey) AND NOT a.attnotnull) \
+             ORDER BY i.indisprimary DESC, i.indexrelid LIMIT 1",
+            &[&oid],
+        )
+        .await
+        .map_err(|e| sql_error("reading pg_index", &e))?
+        .map(|r| r.get(0));
+    match index {
+        Some(index) => Ok(format!("i.indexrelid = {index}")),
+        None => Err(SourceError::fatal(format!(
+            "table {qualified} has REPLICA IDENTITY FULL but no primary key and no unique index on \
+             NOT NULL columns: Zipline routes, upserts and deletes rows by key, and every column \
+             together is no key a sink can upsert by; add a primary key (ALTER TABLE {qualified} \
+             ADD PRIMARY KEY (...)), or a unique index on NOT NULL columns"
+        ))),
+    }
 }
 
 async fn publication_exists(client: &Client, publication: &str) -> Result<bool, SourceError> {

@@ -106,6 +106,23 @@ fn type_name(type_oid: u32) -> &'static str {
     }
 }
 
+/// A column type as `format_type` would name it, for messages: `character varying(64)`,
+/// `numeric(12,2)`; types Zipline does not know by OID are named by their OID.
+pub(crate) fn describe_type(type_oid: u32, type_modifier: i32) -> String {
+    let name = match type_name(type_oid) {
+        "other-type" => return format!("type OID {type_oid} (modifier {type_modifier})"),
+        name => name,
+    };
+    // Modifiers: VARHDRSZ (4) plus the length, or plus (precision << 16 | scale).
+    match (type_oid, type_modifier) {
+        (_, m) if m < 0 => name.to_owned(),
+        (VARCHAR | BPCHAR, m) => format!("{name}({})", m - 4),
+        (NUMERIC, m) => format!("{name}({},{})", (m - 4) >> 16, (m - 4) & 0xFFFF),
+        (TIME | TIMESTAMP | TIMESTAMPTZ, m) => format!("{name}({m})"),
+        (_, m) => format!("{name} (modifier {m})"),
+    }
+}
+
 /// Parse one value in PostgreSQL text output format for the type `type_oid`.
 pub(crate) fn parse_text(type_oid: u32, text: &[u8]) -> Result<Value, TypeError> {
     let err = |reason| TypeError::new(type_oid, text, reason);
@@ -571,6 +588,15 @@ pub fn format_uuid(bytes: &[u8; 16]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn types_are_described_with_their_modifiers() {
+        assert_eq!(describe_type(INT4, -1), "integer");
+        assert_eq!(describe_type(VARCHAR, 68), "character varying(64)");
+        assert_eq!(describe_type(NUMERIC, (12 << 16 | 2) + 4), "numeric(12,2)");
+        assert_eq!(describe_type(TIMESTAMPTZ, 3), "timestamptz(3)");
+        assert_eq!(describe_type(70_000, -1), "type OID 70000 (modifier -1)");
+    }
 
     fn parse(oid: u32, text: &str) -> Value {
         parse_text(oid, text.as_bytes()).unwrap_or_else(|e| panic!("{e}"))

@@ -3,8 +3,17 @@
 //! pgoutput sends a Relation message before the first row of a table on each connection and
 //! again whenever the table's shape changes, so the cache starts empty after every
 //! reconnect. Keys follow the replica identity: the primary key (`DEFAULT`), a chosen unique
-//! index (`USING INDEX`), or every column (`FULL`, which flags all columns as key).
-//! See <https://www.postgresql.org/docs/15/sql-altertable.html#SQL-ALTERTABLE-REPLICA-IDENTITY>.
+//! index (`USING INDEX`). Under `FULL` the message flags every column as key, which a sink
+//! cannot upsert by (a changed column would make a new row), so the key is the one preflight
+//! found for the table (its primary key, or a unique index on NOT NULL columns), handed in as
+//! [`KeyHints`]. See
+//! <https://www.postgresql.org/docs/15/sql-altertable.html#SQL-ALTERTABLE-REPLICA-IDENTITY>.
+//!
+//! A new Relation message for a cached relation is a schema change. Added columns simply
+//! appear in the new shape (the sinks add them), dropped ones disappear (the sinks keep
+//! theirs). A column whose type or type modifier changed is an error: the sink column would
+//! silently convert, truncate or reject the new values, so the pipeline stops for the
+//! operator to alter the sink column first.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -83,6 +92,35 @@ pub(crate) enum ChangeError {
     /// [`Relations::build_change`] was given a message that is not Insert, Update or Delete.
     #[error("{0} is not a row message")]
     NotARowMessage(&'static str),
+    /// A column of a known relation changed its type mid-stream.
+    #[error(
+        "column {table}.{column} changed type from {old} to {new} on the source; Zipline \
+         stopped before applying any row written after the change. Alter the sink column to \
+         the new type (e.g. ALTER TABLE {name} ALTER COLUMN {column} TYPE {new}, or its MySQL \
+         equivalent), then start Zipline again: it resumes from the last confirmed position"
+    )]
+    TypeChanged {
+        /// `schema.name`.
+        table: String,
+        /// The table's name alone, as the sink names it.
+        name: String,
+        /// Column name.
+        column: String,
+        /// The type before, as PostgreSQL names it.
+        old: String,
+        /// The type now.
+        new: String,
+    },
+    /// A `REPLICA IDENTITY FULL` table whose real key preflight did not record.
+    #[error(
+        "table {table} has REPLICA IDENTITY FULL and Zipline has no key for it (it was not \
+         published when Zipline started, or its key columns are gone); restart Zipline so it \
+         reads the table's primary key (or unique index on NOT NULL columns), or give it one"
+    )]
+    FullWithoutKey {
+        /// `schema.name`.
+        table: String,
+    },
 }
 
 impl Classify for ChangeError {
@@ -92,6 +130,10 @@ impl Classify for ChangeError {
             ChangeError::UnknownRelation { .. }
             | ChangeError::Binary { .. }
             | ChangeError::NotARowMessage(_) => ErrorClass::Fatal,
+            // Operator action needed before any later row of the table may be applied.
+            ChangeError::TypeChanged { .. } | ChangeError::FullWithoutKey { .. } => {
+                ErrorClass::Fatal
+            }
             ChangeError::NoKey { .. }
             | ChangeError::ColumnCount { .. }
             | ChangeError::Value { .. }
@@ -100,27 +142,60 @@ impl Classify for ChangeError {
     }
 }
 
+/// The key columns preflight found per table (`(schema, name)` → column names), for tables
+/// whose Relation messages do not say it (`REPLICA IDENTITY FULL`).
+pub(crate) type KeyHints = Arc<HashMap<(String, String), Vec<String>>>;
+
 /// The table shapes announced by Relation messages on this connection, by relation id.
 #[derive(Debug, Default)]
 pub(crate) struct Relations {
     tables: HashMap<u32, Arc<Table>>,
+    keys: KeyHints,
 }
 
 impl Relations {
+    /// An empty cache that keys `FULL` tables by `keys`.
+    pub(crate) fn new(keys: KeyHints) -> Self {
+        Relations {
+            tables: HashMap::new(),
+            keys,
+        }
+    }
+
+    /// Forgets every shape (a new connection announces them again), keeping the key hints.
+    pub(crate) fn reset(&mut self) {
+        self.tables.clear();
+    }
+
     /// Records a Relation message and returns the table shape that changes of that relation
-    /// carry from now on. A shape equal to the cached one keeps the same `Arc`.
-    pub(crate) fn apply_relation(&mut self, r: RelationBody) -> Arc<Table> {
-        // FULL flags every column as key. NOTHING flags none; clearing the flags anyway
-        // guarantees an empty key, which `build_change` rejects with advice.
+    /// carry from now on. A shape equal to the cached one keeps the same `Arc`. A column whose
+    /// type changed since the last Relation message of that relation is an error, and the
+    /// cached shape stays as it was.
+    pub(crate) fn apply_relation(&mut self, r: RelationBody) -> Result<Arc<Table>, ChangeError> {
         let mut columns = r.columns;
-        if r.replica_identity == ReplicaIdentity::Nothing {
-            columns.iter_mut().for_each(|c| c.is_key = false);
+        match r.replica_identity {
+            // NOTHING flags no column; clearing the flags anyway guarantees an empty key,
+            // which `build_change` rejects with advice.
+            ReplicaIdentity::Nothing => columns.iter_mut().for_each(|c| c.is_key = false),
+            ReplicaIdentity::Full => {
+                let qualified = || format!("{}.{}", r.namespace, r.name);
+                let key = self
+                    .keys
+                    .get(&(r.namespace.clone(), r.name.clone()))
+                    .filter(|key| key.iter().all(|k| columns.iter().any(|c| &c.name == k)))
+                    .ok_or_else(|| ChangeError::FullWithoutKey { table: qualified() })?;
+                for c in &mut columns {
+                    c.is_key = key.contains(&c.name);
+                }
+            }
+            ReplicaIdentity::Default | ReplicaIdentity::Index => {}
         }
         let table = Table::new(r.namespace, r.name, columns);
-        if let Some(old) = self.tables.get(&r.rel_id)
-            && **old == table
-        {
-            return Arc::clone(old);
+        if let Some(old) = self.tables.get(&r.rel_id) {
+            if **old == table {
+                return Ok(Arc::clone(old));
+            }
+            check_types(old, &table)?;
         }
         tracing::debug!(
             table = %table.qualified_name(),
@@ -132,7 +207,7 @@ impl Relations {
         );
         let table = Arc::new(table);
         self.tables.insert(r.rel_id, Arc::clone(&table));
-        table
+        Ok(table)
     }
 
     /// The current shape of relation `rel_id`.
@@ -230,6 +305,26 @@ impl Relations {
     }
 }
 
+/// Fails on the first column of `new` that `old` has under the same name with another type
+/// or type modifier. A renamed column is not one: it looks like a drop and an add.
+fn check_types(old: &Table, new: &Table) -> Result<(), ChangeError> {
+    for column in &new.columns {
+        let Some(before) = old.columns.iter().find(|c| c.name == column.name) else {
+            continue;
+        };
+        if (before.type_oid, before.type_modifier) != (column.type_oid, column.type_modifier) {
+            return Err(ChangeError::TypeChanged {
+                table: new.qualified_name(),
+                name: new.name.clone(),
+                column: column.name.clone(),
+                old: types::describe_type(before.type_oid, before.type_modifier),
+                new: types::describe_type(column.type_oid, column.type_modifier),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The key column values of a parsed row (which has one value per column).
 fn key_of(table: &Table, row: &[Value]) -> Result<Vec<Value>, ChangeError> {
     table
@@ -293,7 +388,7 @@ mod tests {
         let Ok(PgOutput::Relation(body)) = decode(users_relation(None, identity), false) else {
             panic!("not a relation")
         };
-        rels.apply_relation(body);
+        rels.apply_relation(body).expect("a usable relation");
         rels
     }
 
@@ -333,9 +428,12 @@ mod tests {
         let Ok(PgOutput::Relation(mut body)) = decode(users_relation(None, b'd'), false) else {
             panic!("not a relation")
         };
-        assert!(Arc::ptr_eq(&rels.apply_relation(body.clone()), &table));
+        assert!(Arc::ptr_eq(
+            &rels.apply_relation(body.clone()).unwrap(),
+            &table
+        ));
         body.columns.pop();
-        let narrower = rels.apply_relation(body);
+        let narrower = rels.apply_relation(body).unwrap();
         assert_eq!(narrower.columns.len(), 2);
         assert!(Arc::ptr_eq(rels.get(16_384).unwrap(), &narrower));
         assert!(rels.get(1).is_none());
@@ -404,19 +502,89 @@ mod tests {
         assert_eq!(c.old_key, None);
     }
 
-    #[test]
-    fn replica_identity_full_keys_on_every_column() {
-        // Under FULL the walsender flags every column as key.
+    /// `public.users` under REPLICA IDENTITY FULL: the walsender flags every column as key.
+    fn full_relation() -> RelationBody {
         let Ok(PgOutput::Relation(mut body)) = decode(users_relation(None, b'f'), false) else {
             panic!("not a relation")
         };
         body.columns.iter_mut().for_each(|c| c.is_key = true);
-        let mut rels = Relations::default();
-        rels.apply_relation(body);
+        body
+    }
+
+    #[test]
+    fn replica_identity_full_keys_on_the_preflight_key() {
+        let hints = HashMap::from([(("public".into(), "users".into()), vec!["id".to_owned()])]);
+        let mut rels = Relations::new(Arc::new(hints));
+        let table = rels.apply_relation(full_relation()).unwrap();
+        assert_eq!(table.key, vec![0]);
+        assert!(!table.columns[1].is_key && !table.columns[2].is_key);
         let old: &[Option<&str>] = &[Some("1"), Some("a"), Some("x")];
         let c = update(&rels, Some((b'O', old)), &[Some("1"), Some("b"), U]).unwrap();
-        assert_eq!(c.key, vec![Value::Int4(1), t("b"), t("x")]);
-        assert_eq!(c.old_key, Some(vec![Value::Int4(1), t("a"), t("x")]));
+        assert_eq!(c.key, vec![Value::Int4(1)]);
+        assert_eq!(c.old_key, None);
+        // The full old row fills the TOASTed column the update did not send.
+        assert_eq!(c.values, vec![Value::Int4(1), t("b"), t("x")]);
+        let c = update(&rels, Some((b'O', old)), &[Some("2"), Some("a"), U]).unwrap();
+        assert_eq!(c.key, vec![Value::Int4(2)]);
+        assert_eq!(c.old_key, Some(vec![Value::Int4(1)]));
+        let c = row(&[B(b'D'), W(16_384), B(b'O'), T(old)], &rels).unwrap();
+        assert_eq!(c.key, vec![Value::Int4(1)]);
+
+        // A reconnect forgets shapes, not hints.
+        rels.reset();
+        assert!(rels.get(16_384).is_none());
+        assert_eq!(rels.apply_relation(full_relation()).unwrap().key, vec![0]);
+    }
+
+    #[test]
+    fn replica_identity_full_without_a_known_key_is_fatal() {
+        let e = Relations::default()
+            .apply_relation(full_relation())
+            .unwrap_err();
+        assert!(matches!(&e, ChangeError::FullWithoutKey { table } if table == "public.users"));
+        assert_eq!(e.class(), ErrorClass::Fatal);
+        // A hinted key column that the table no longer has is no key either.
+        let hints = HashMap::from([(("public".into(), "users".into()), vec!["gone".to_owned()])]);
+        let e = Relations::new(Arc::new(hints))
+            .apply_relation(full_relation())
+            .unwrap_err();
+        assert!(e.to_string().contains("REPLICA IDENTITY FULL"), "{e}");
+    }
+
+    #[test]
+    fn added_and_dropped_columns_are_new_shapes_but_type_changes_are_fatal() {
+        let mut rels = relations(b'd');
+        let Ok(PgOutput::Relation(body)) = decode(users_relation(None, b'd'), false) else {
+            panic!("not a relation")
+        };
+        let mut wider = body.clone();
+        wider.columns.push(crate::change::Column {
+            name: "email".into(),
+            type_oid: 25,
+            type_modifier: -1,
+            is_key: false,
+        });
+        let t = rels.apply_relation(wider.clone()).unwrap();
+        assert_eq!(t.columns.len(), 4);
+        let mut narrower = wider.clone();
+        narrower.columns.remove(2);
+        assert_eq!(rels.apply_relation(narrower).unwrap().columns.len(), 3);
+
+        // name: varchar(64) → varchar(200) is a type change (typmod = length + 4).
+        let mut retyped = body;
+        retyped.columns[1].type_modifier = 204;
+        let before = Arc::clone(rels.get(16_384).unwrap());
+        let e = rels.apply_relation(retyped).unwrap_err();
+        assert_eq!(e.class(), ErrorClass::Fatal);
+        let text = e.to_string();
+        assert!(
+            text.contains("column public.users.name changed type from character varying(64) to character varying(200)")
+                && text.contains("ALTER TABLE users ALTER COLUMN name TYPE character varying(200)")
+                && text.contains("resumes from the last confirmed position"),
+            "{text}"
+        );
+        // The cache keeps the last good shape.
+        assert!(Arc::ptr_eq(rels.get(16_384).unwrap(), &before));
     }
 
     #[test]
