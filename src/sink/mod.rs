@@ -200,6 +200,30 @@ pub trait SinkConnector: Send + Sync {
         Box::pin(async move { self.snapshot_load(chunk, &changes).await })
     }
 
+    /// Whether this sink takes snapshot rows still in PostgreSQL's `COPY` text format, as the
+    /// source printed them ([`SinkConnector::snapshot_load_text`]): only a sink that parses
+    /// them with PostgreSQL's own input functions can, which saves decoding every value into
+    /// a [`crate::change::Value`] and printing it again. Default: false.
+    fn takes_copy_text(&self) -> bool {
+        false
+    }
+
+    /// [`SinkConnector::snapshot_load_rows`] for rows of `table` in PostgreSQL's `COPY` text
+    /// format (one line per row, columns in `table.columns` order, printed by a session with
+    /// `DateStyle=ISO`, `TimeZone=UTC`, `IntervalStyle=postgres`), `rows` of them. Called only
+    /// when [`SinkConnector::takes_copy_text`] is true; the default is an error.
+    fn snapshot_load_text<'a>(
+        &'a self,
+        chunk: &'a SnapshotChunk,
+        table: &'a Arc<Table>,
+        text: &'a bytes::Bytes,
+        rows: u64,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        let _ = (chunk, table, text, rows);
+        let err = snapshot::unsupported(self.name());
+        Box::pin(async move { Err(err) })
+    }
+
     /// Record the snapshot as complete (every chunk loaded into every sink).
     fn snapshot_finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         let err = snapshot::unsupported(self.name());

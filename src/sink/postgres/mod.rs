@@ -376,6 +376,27 @@ impl SinkConnector for PostgresConnector {
         ))
     }
 
+    fn takes_copy_text(&self) -> bool {
+        true
+    }
+
+    fn snapshot_load_text<'a>(
+        &'a self,
+        chunk: &'a SnapshotChunk,
+        table: &'a Arc<Table>,
+        text: &'a bytes::Bytes,
+        rows: u64,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(snapshot::load_text(
+            &self.shared,
+            &self.snapshot,
+            chunk,
+            table,
+            text,
+            rows,
+        ))
+    }
+
     fn snapshot_finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(snapshot::finish(&self.shared))
     }

@@ -257,8 +257,40 @@ async fn load_groups(
     groups: Vec<Group<'_>>,
     rows: usize,
 ) -> Result<(), SinkError> {
+    let rows = u64::try_from(rows).unwrap_or(u64::MAX);
+    load_payload(shared, pool, chunk, Payload::Rows(groups), rows).await
+}
+
+/// Loads a chunk still in the source's COPY text format (see `SinkConnector::takes_copy_text`).
+pub(super) async fn load_text(
+    shared: &Shared,
+    pool: &Pool,
+    chunk: &SnapshotChunk,
+    table: &Arc<Table>,
+    text: &Bytes,
+    rows: u64,
+) -> Result<(), SinkError> {
+    load_payload(shared, pool, chunk, Payload::Text { table, text }, rows).await
+}
+
+/// What a chunk's transaction writes before it marks the chunk loaded.
+enum Payload<'a> {
+    Rows(Vec<Group<'a>>),
+    Text {
+        table: &'a Arc<Table>,
+        text: &'a Bytes,
+    },
+}
+
+async fn load_payload(
+    shared: &Shared,
+    pool: &Pool,
+    chunk: &SnapshotChunk,
+    payload: Payload<'_>,
+    rows: u64,
+) -> Result<(), SinkError> {
     let client = pool.take(shared).await?;
-    match load_on(shared, &client, chunk, groups, rows).await {
+    match load_on(shared, &client, chunk, payload, rows).await {
         Ok(()) => {
             pool.put(client);
             Ok(())
@@ -277,14 +309,21 @@ async fn load_on(
     shared: &Shared,
     client: &Client,
     chunk: &SnapshotChunk,
-    groups: Vec<Group<'_>>,
-    rows: usize,
+    payload: Payload<'_>,
+    rows: u64,
 ) -> Result<(), SinkError> {
     let sink = shared.sink();
     client
         .batch_execute("BEGIN")
         .await
         .map_err(|e| sink_error(sink, &format!("loading {chunk}"), &e))?;
+    let groups = match payload {
+        Payload::Rows(groups) => groups,
+        Payload::Text { table, text } => {
+            write_text(shared, client, chunk, table, text, rows).await?;
+            Vec::new()
+        }
+    };
     for group in groups {
         let shape = group.shape;
         let target = qualified(shared.target_schema(shape), &shape.name);
@@ -346,21 +385,144 @@ async fn load_on(
     committed.map_err(|e| state_error(shared, &format!("marking {chunk} loaded"), &e))
 }
 
+/// Writes a chunk in COPY text format: straight into the target table inside a savepoint, and
+/// when a row with the same key is there already (a unique violation), through a temporary
+/// table and `INSERT … ON CONFLICT DO UPDATE`, which replaces rows by key.
+async fn write_text(
+    shared: &Shared,
+    client: &Client,
+    chunk: &SnapshotChunk,
+    table: &Table,
+    text: &Bytes,
+    rows: u64,
+) -> Result<(), SinkError> {
+    let sink = shared.sink();
+    let target = qualified(shared.target_schema(table), &table.name);
+    let doing = format!("loading {rows} rows of {chunk} into {target}");
+    let columns = column_list(table);
+    client
+        .batch_execute("SAVEPOINT zipline_copy")
+        .await
+        .map_err(|e| sink_error(sink, &doing, &e))?;
+    let copied = copy_text(
+        client,
+        &format!("COPY {target} ({columns}) FROM STDIN"),
+        text,
+    )
+    .await;
+    match copied {
+        Ok(()) => return Ok(()),
+        Err(e) if e.code().is_some_and(|c| c.code() == "23505") => {}
+        Err(e) => return Err(text_copy_error(sink, &doing, table, text, &e)),
+    }
+    let mut keys = String::new();
+    for (n, &i) in table.key.iter().enumerate() {
+        if n > 0 {
+            keys.push_str(", ");
+        }
+        sql::push_ident(&mut keys, &table.columns[i].name);
+    }
+    let mut updates = String::new();
+    for column in table.columns.iter().filter(|c| !c.is_key) {
+        if !updates.is_empty() {
+            updates.push_str(", ");
+        }
+        sql::push_ident(&mut updates, &column.name);
+        updates.push_str(" = EXCLUDED.");
+        sql::push_ident(&mut updates, &column.name);
+    }
+    let action = if updates.is_empty() {
+        "NOTHING".to_owned()
+    } else {
+        format!("UPDATE SET {updates}")
+    };
+    // The temporary table takes exactly the written columns with the target's types, so the
+    // text parses there as it would have in the target.
+    client
+        .batch_execute(&format!(
+            "ROLLBACK TO SAVEPOINT zipline_copy; \
+             DROP TABLE IF EXISTS pg_temp._zipline_load; \
+             CREATE TEMPORARY TABLE _zipline_load ON COMMIT DROP AS \
+             SELECT {columns} FROM {target} WITH NO DATA"
+        ))
+        .await
+        .map_err(|e| sink_error(sink, &doing, &e))?;
+    copy_text(
+        client,
+        &format!("COPY pg_temp._zipline_load ({columns}) FROM STDIN"),
+        text,
+    )
+    .await
+    .map_err(|e| text_copy_error(sink, &doing, table, text, &e))?;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {target} ({columns}) SELECT {columns} FROM pg_temp._zipline_load \
+             ON CONFLICT ({keys}) DO {action}; DROP TABLE pg_temp._zipline_load"
+        ))
+        .await
+        .map_err(|e| sink_error(sink, &doing, &e))
+}
+
+/// The table's columns, quoted, comma-separated.
+fn column_list(table: &Table) -> String {
+    let mut out = String::new();
+    for (n, column) in table.columns.iter().enumerate() {
+        if n > 0 {
+            out.push_str(", ");
+        }
+        sql::push_ident(&mut out, &column.name);
+    }
+    out
+}
+
+async fn copy_text(
+    client: &Client,
+    statement: &str,
+    text: &Bytes,
+) -> Result<(), tokio_postgres::Error> {
+    let sink = client.copy_in::<_, Bytes>(statement).await?;
+    futures_util::pin_mut!(sink);
+    sink.send(text.clone()).await?;
+    sink.finish().await.map(drop)
+}
+
+/// A failed COPY of text rows, naming the row's key when the server says which line failed.
+fn text_copy_error(
+    sink: &str,
+    doing: &str,
+    table: &Table,
+    text: &Bytes,
+    e: &tokio_postgres::Error,
+) -> SinkError {
+    let mut err = sink_error(sink, doing, e);
+    if classify(e) == ErrorClass::Definite
+        && let Some(line) =
+            copy_line(e).and_then(|n| text.split(|&b| b == b'\n').nth(n.wrapping_sub(1)))
+    {
+        let fields: Vec<&[u8]> = line.split(|&b| b == b'\t').collect();
+        let key: Vec<String> = table
+            .key
+            .iter()
+            .map(|&i| {
+                let value = fields
+                    .get(i)
+                    .map_or_else(String::new, |f| String::from_utf8_lossy(f).into_owned());
+                format!("{}={value}", table.columns[i].name)
+            })
+            .collect();
+        err.message
+            .push_str(&format!(" (row key {})", key.join(", ")));
+    }
+    err
+}
+
 /// `COPY target (columns) FROM STDIN` of `rows`, all of one shape.
 async fn copy(
     client: &Client,
     target: &str,
     group: &Group<'_>,
 ) -> Result<(), tokio_postgres::Error> {
-    let shape = group.shape;
-    let mut statement = format!("COPY {target} (");
-    for (n, column) in shape.columns.iter().enumerate() {
-        if n > 0 {
-            statement.push(',');
-        }
-        sql::push_ident(&mut statement, &column.name);
-    }
-    statement.push_str(") FROM STDIN");
+    let statement = format!("COPY {target} ({}) FROM STDIN", column_list(group.shape));
     let mut data = String::new();
     let mut text = String::new();
     for row in &group.rows {
@@ -372,10 +534,7 @@ async fn copy(
         }
         data.push('\n');
     }
-    let sink = client.copy_in::<_, Bytes>(&statement).await?;
-    futures_util::pin_mut!(sink);
-    sink.send(Bytes::from(data)).await?;
-    sink.finish().await.map(drop)
+    copy_text(client, &statement, &Bytes::from(data)).await
 }
 
 /// One value in COPY text format (see the module docs).

@@ -43,6 +43,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -391,11 +392,22 @@ async fn worker(shared: Arc<Shared>, mut reader: Reader) -> Result<(), SourceErr
             let Some(job) = next else { return Ok(None) };
             shared.progress.chunk_started(job.table);
             let table = &shared.tables[job.table];
-            let rows = read_chunk(&shared, &mut reader, table, &job.chunk).await?;
-            let count = rows.len() as u64;
-            let prepared = match &shared.transform {
-                None => Prepared::Rows(rows),
-                Some(_) => Prepared::Changes(to_changes(&shared, table, rows, &job.chunk).await?),
+            // Rows every sink parses itself stay as the server printed them.
+            let as_text = shared.transform.is_none()
+                && job.sinks.iter().all(|&s| shared.sinks[s].takes_copy_text());
+            let read = read_chunk(&shared, &mut reader, table, &job.chunk, as_text).await?;
+            let (prepared, count) = match read {
+                Read::Text(text, count) => (Prepared::Text(text), count),
+                Read::Rows(rows) => {
+                    let count = rows.len() as u64;
+                    match &shared.transform {
+                        None => (Prepared::Rows(rows), count),
+                        Some(_) => {
+                            let changes = to_changes(&shared, table, rows, &job.chunk).await?;
+                            (Prepared::Changes(changes), count)
+                        }
+                    }
+                }
             };
             Ok::<_, SourceError>(Some((job, prepared, count)))
         };
@@ -405,7 +417,8 @@ async fn worker(shared: Arc<Shared>, mut reader: Reader) -> Result<(), SourceErr
             };
             for &sink in &job.sinks {
                 let table = &shared.tables[job.table];
-                load(&shared, &*shared.sinks[sink], &job.chunk, table, &prepared).await?;
+                let sink = &*shared.sinks[sink];
+                load(&shared, sink, &job.chunk, table, &prepared, count).await?;
             }
             tracing::debug!(chunk = %job.chunk, rows = count, "snapshot chunk loaded");
             if shared.progress.chunk_done(job.table, count) {
@@ -426,11 +439,20 @@ async fn read_chunk(
     reader: &mut Reader,
     table: &Table,
     chunk: &SnapshotChunk,
-) -> Result<Vec<Vec<Value>>, SourceError> {
+    as_text: bool,
+) -> Result<Read, SourceError> {
     let mut attempt = 0;
     loop {
-        match reader.copy_chunk(table, chunk).await {
-            Ok(rows) => return Ok(rows),
+        let read = if as_text {
+            reader
+                .copy_chunk_text(table, chunk)
+                .await
+                .map(|(text, rows)| Read::Text(text, rows))
+        } else {
+            reader.copy_chunk(table, chunk).await.map(Read::Rows)
+        };
+        match read {
+            Ok(read) => return Ok(read),
             Err(e) if e.class == ErrorClass::Transient && attempt < MAX_ATTEMPTS => {
                 attempt += 1;
                 let delay = crate::lane::backoff_for(attempt);
@@ -447,10 +469,19 @@ async fn read_chunk(
     }
 }
 
+/// A chunk as read.
+enum Read {
+    Rows(Vec<Vec<Value>>),
+    /// COPY text and its number of rows.
+    Text(Bytes, u64),
+}
+
 /// A chunk ready for the sinks.
 enum Prepared {
     /// As read (no transform).
     Rows(Vec<Vec<Value>>),
+    /// As the server printed it, for sinks that take COPY text.
+    Text(Bytes),
     /// What the route's transform made of the rows.
     Changes(Vec<Arc<Change>>),
 }
@@ -509,11 +540,13 @@ async fn load(
     chunk: &SnapshotChunk,
     table: &Arc<Table>,
     prepared: &Prepared,
+    rows: u64,
 ) -> Result<(), SourceError> {
     let mut attempt = 0;
     loop {
         let result = match prepared {
             Prepared::Rows(rows) => sink.snapshot_load_rows(chunk, table, rows).await,
+            Prepared::Text(text) => sink.snapshot_load_text(chunk, table, text, rows).await,
             Prepared::Changes(changes) => sink.snapshot_load(chunk, changes).await,
         };
         match result {

@@ -12,6 +12,7 @@
 
 use std::pin::pin;
 
+use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use tokio_postgres::Client;
 
@@ -65,29 +66,69 @@ impl Reader {
         table: &Table,
         chunk: &SnapshotChunk,
     ) -> Result<Vec<Vec<Value>>, SourceError> {
-        let sql = copy_sql(table, chunk);
         let doing = format!("copying {chunk}");
+        let mut decoder = RowDecoder::default();
+        let mut rows = Vec::new();
+        self.copy_out(table, chunk, &doing, |data| {
+            decoder
+                .push(data, &table.columns, &mut rows)
+                .map_err(|e| SourceError::definite(format!("{doing}: {e}")))
+        })
+        .await?;
+        if decoder.has_partial() {
+            return Err(partial(&doing));
+        }
+        Ok(rows)
+    }
+
+    /// Every row of `chunk` of `table` as the server printed it (COPY text format, one line
+    /// per row), and the number of rows: for a sink that parses the text itself.
+    pub(crate) async fn copy_chunk_text(
+        &self,
+        table: &Table,
+        chunk: &SnapshotChunk,
+    ) -> Result<(Bytes, u64), SourceError> {
+        let doing = format!("copying {chunk}");
+        let mut text = BytesMut::new();
+        self.copy_out(table, chunk, &doing, |data| {
+            text.extend_from_slice(data);
+            Ok(())
+        })
+        .await?;
+        // A newline inside a value is escaped (`\n`), so every raw newline ends a row.
+        if text.last().is_some_and(|&b| b != b'\n') {
+            return Err(partial(&doing));
+        }
+        let rows = text.iter().filter(|&&b| b == b'\n').count() as u64;
+        Ok((text.freeze(), rows))
+    }
+
+    /// Runs the chunk's COPY, handing each piece of output to `each`.
+    async fn copy_out(
+        &self,
+        table: &Table,
+        chunk: &SnapshotChunk,
+        doing: &str,
+        mut each: impl FnMut(&[u8]) -> Result<(), SourceError>,
+    ) -> Result<(), SourceError> {
+        let sql = copy_sql(table, chunk);
         let stream = self
             .client
             .copy_out(sql.as_str())
             .await
-            .map_err(|e| sql_error(&doing, &e))?;
+            .map_err(|e| sql_error(doing, &e))?;
         let mut stream = pin!(stream);
-        let mut decoder = RowDecoder::default();
-        let mut rows = Vec::new();
         while let Some(data) = stream.next().await {
-            let data = data.map_err(|e| sql_error(&doing, &e))?;
-            decoder
-                .push(&data, &table.columns, &mut rows)
-                .map_err(|e| SourceError::definite(format!("{doing}: {e}")))?;
+            each(&data.map_err(|e| sql_error(doing, &e))?)?;
         }
-        if decoder.has_partial() {
-            return Err(SourceError::transient(format!(
-                "{doing}: the COPY output ended in the middle of a row"
-            )));
-        }
-        Ok(rows)
+        Ok(())
     }
+}
+
+fn partial(doing: &str) -> SourceError {
+    SourceError::transient(format!(
+        "{doing}: the COPY output ended in the middle of a row"
+    ))
 }
 
 /// `COPY (SELECT <columns> FROM <table> WHERE <range>) TO STDOUT`. The bounds are untyped
