@@ -137,15 +137,20 @@ fn same_key_columns(a: &Table, b: &Table) -> bool {
 /// Coalesces `changes` (in position order) into per-table plans, tables in order of first
 /// appearance. Errors are about malformed changes (wrong number of values, no key) of sink
 /// `sink`.
+/// Every key is hashed once or twice per change: foldhash is several times cheaper than
+/// std's SipHash here, and still seeded per map, so crafted keys cannot force collisions.
+type Seeds = foldhash::fast::RandomState;
+type Entries<'a> = HashMap<(usize, KeyRef<'a>), Entry<'a>, Seeds>;
+
 pub(super) fn coalesce<'a>(
     changes: &'a [Arc<Change>],
     sink: &str,
 ) -> Result<Vec<TablePlan<'a>>, SinkError> {
     let mut tables: Vec<TablePlan<'a>> = Vec::new();
-    let mut table_ids: HashMap<(&'a str, &'a str), usize> = HashMap::new();
+    let mut table_ids: HashMap<(&'a str, &'a str), usize, Seeds> = HashMap::default();
     let mut last: Option<(&'a Table, usize)> = None;
-    let mut entries: HashMap<(usize, KeyRef<'a>), Entry<'a>> =
-        HashMap::with_capacity(changes.len());
+    let mut entries: Entries<'a> =
+        HashMap::with_capacity_and_hasher(changes.len(), Seeds::default());
 
     for (seq, change) in changes.iter().enumerate() {
         let change: &'a Change = change;
@@ -175,7 +180,7 @@ pub(super) fn coalesce<'a>(
         }
         check_key(sink, change, &change.key)?;
         // Whether a key was fresh is decided by its first change in the batch.
-        let fresh = |entries: &HashMap<(usize, KeyRef<'a>), Entry<'a>>, key, first: bool| {
+        let fresh = |entries: &Entries<'a>, key, first: bool| {
             entries
                 .get(&(t, key))
                 .map_or(first, |e: &Entry<'a>| e.fresh)

@@ -90,7 +90,8 @@ impl Reader {
         }
     }
 
-    pub(super) fn take(&mut self, n: usize, field: &'static str) -> Result<Bytes, DecodeError> {
+    /// Moves past the next `n` bytes, returning where they start.
+    fn advance(&mut self, n: usize, field: &'static str) -> Result<usize, DecodeError> {
         let left = self.buf.len() - self.pos;
         if n > left {
             return Err(self.error(
@@ -102,18 +103,26 @@ impl Reader {
                 },
             ));
         }
-        let out = self.buf.slice(self.pos..self.pos + n);
+        let start = self.pos;
         self.pos += n;
-        Ok(out)
+        Ok(start)
     }
 
+    /// The next `n` bytes, sharing the payload's buffer.
+    pub(super) fn take(&mut self, n: usize, field: &'static str) -> Result<Bytes, DecodeError> {
+        let start = self.advance(n, field)?;
+        Ok(self.buf.slice(start..start + n))
+    }
+
+    /// The next `N` bytes, copied: fixed-width fields need no shared handle on the buffer
+    /// (each `Bytes` slice is an atomic reference count taken and dropped).
     pub(super) fn array<const N: usize>(
         &mut self,
         field: &'static str,
     ) -> Result<[u8; N], DecodeError> {
-        let b = self.take(N, field)?;
+        let start = self.advance(N, field)?;
         let mut out = [0; N];
-        out.copy_from_slice(&b);
+        out.copy_from_slice(&self.buf[start..start + N]);
         Ok(out)
     }
 
@@ -158,9 +167,10 @@ impl Reader {
             .iter()
             .position(|&b| b == 0)
             .ok_or_else(|| self.error(at, DecodeProblem::Unterminated(field)))?;
-        let raw = self.take(len, field)?;
+        let start = self.advance(len, field)?;
         self.pos += 1;
-        String::from_utf8(raw.to_vec()).map_err(|_| self.error(at, DecodeProblem::NotUtf8(field)))
+        String::from_utf8(self.buf[start..start + len].to_vec())
+            .map_err(|_| self.error(at, DecodeProblem::NotUtf8(field)))
     }
 
     /// The xid prefix that rows and relations carry inside a stream block.
