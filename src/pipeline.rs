@@ -336,59 +336,59 @@ async fn preflight_source(
 }
 
 fn sink_plan(pipeline: &config::Pipeline, name: &str) -> Result<SinkPlan, PipelineError> {
-    match pipeline.connector(name).map(|c| &c.kind) {
-        Some(ConnectorKind::MysqlSink(my)) => Ok(SinkPlan {
-            connector: Box::new(
-                MysqlConnector::new(MysqlSinkOptions {
-                    connector: name.to_owned(),
-                    pipeline: pipeline.name.clone(),
-                    host: my.host.clone(),
-                    port: my.port,
-                    database: my.database.clone(),
-                    user: my.user.clone(),
-                    password: my.password.as_ref().map(|s| s.expose().to_owned()),
-                    connect_timeout: my.connect_timeout,
-                })
-                .with_create_tables(my.create_tables),
+    let (connector, tuning): (Box<dyn SinkConnector>, _) =
+        match pipeline.connector(name).map(|c| &c.kind) {
+            Some(ConnectorKind::MysqlSink(my)) => (
+                Box::new(
+                    MysqlConnector::new(MysqlSinkOptions {
+                        connector: name.to_owned(),
+                        pipeline: pipeline.name.clone(),
+                        host: my.host.clone(),
+                        port: my.port,
+                        database: my.database.clone(),
+                        user: my.user.clone(),
+                        password: my.password.as_ref().map(|s| s.expose().to_owned()),
+                        connect_timeout: my.tuning.connect_timeout,
+                    })
+                    .with_create_tables(my.create_tables),
+                ),
+                &my.tuning,
             ),
-            lanes: my.lanes,
-            queue_capacity: my.queue_capacity,
-            lane_cfg: LaneConfig {
-                sink: name.to_owned(),
-                batch_size: my.batch_size,
-                max_wait: my.max_wait,
-                max_retries: my.max_retries,
-            },
-        }),
-        Some(ConnectorKind::PostgresSink(pg)) => Ok(SinkPlan {
-            connector: Box::new(crate::sink::postgres::PostgresConnector::new(
-                crate::sink::postgres::PostgresSinkOptions {
-                    connector: name.to_owned(),
+            Some(ConnectorKind::PostgresSink(pg)) => (
+                Box::new(crate::sink::postgres::PostgresConnector::new(
+                    crate::sink::postgres::PostgresSinkOptions {
+                        connector: name.to_owned(),
+                        pipeline: pipeline.name.clone(),
+                        host: pg.host.clone(),
+                        port: pg.port,
+                        database: pg.database.clone(),
+                        user: pg.user.clone(),
+                        password: pg.password.as_ref().map(|s| s.expose().to_owned()),
+                        schema: pg.schema.clone(),
+                        create_tables: pg.create_tables,
+                        connect_timeout: pg.tuning.connect_timeout,
+                    },
+                )),
+                &pg.tuning,
+            ),
+            _ => {
+                return Err(PipelineError::Invalid {
                     pipeline: pipeline.name.clone(),
-                    host: pg.host.clone(),
-                    port: pg.port,
-                    database: pg.database.clone(),
-                    user: pg.user.clone(),
-                    password: pg.password.as_ref().map(|s| s.expose().to_owned()),
-                    schema: pg.schema.clone(),
-                    create_tables: pg.create_tables,
-                    connect_timeout: pg.connect_timeout,
-                },
-            )),
-            lanes: pg.lanes,
-            queue_capacity: pg.queue_capacity,
-            lane_cfg: LaneConfig {
-                sink: name.to_owned(),
-                batch_size: pg.batch_size,
-                max_wait: pg.max_wait,
-                max_retries: pg.max_retries,
-            },
-        }),
-        _ => Err(PipelineError::Invalid {
-            pipeline: pipeline.name.clone(),
-            message: format!("route target {name} is not a sink connector"),
-        }),
-    }
+                    message: format!("route target {name} is not a sink connector"),
+                });
+            }
+        };
+    Ok(SinkPlan {
+        connector,
+        lanes: tuning.lanes,
+        queue_capacity: tuning.queue_capacity,
+        lane_cfg: LaneConfig {
+            sink: name.to_owned(),
+            batch_size: tuning.batch_size,
+            max_wait: tuning.max_wait,
+            max_retries: tuning.max_retries,
+        },
+    })
 }
 
 async fn report_progress(every: Duration, source: Arc<SourceStats>, lanes: Vec<Arc<LaneStats>>) {

@@ -13,20 +13,11 @@ use std::time::Duration;
 
 use e2e::{
     CONVERGE_TIMEOUT, Fixture, MY_DB, MY_ORDERS, PG_DB, PG_ORDERS, PipelineOpts, pipeline_yaml,
-    run_to_exit, wait_converged, wait_streaming,
+    wait_converged, wait_streaming,
 };
 
 /// Generous: a correct refusal takes well under a second, except the unreachable host.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn args(fx: &Fixture, verb: &str) -> Vec<String> {
-    vec![
-        "pipeline".to_owned(),
-        verb.to_owned(),
-        "-f".to_owned(),
-        fx.dir.path().join("orders.yaml").display().to_string(),
-    ]
-}
 
 /// The `error: ...` line of zipline's output.
 fn error_line(output: &str) -> String {
@@ -46,8 +37,8 @@ fn expect_failure(
     code: i32,
     needles: &[&str],
 ) -> String {
-    let args = args(fx, verb);
-    let (got, output, took) = run_to_exit(fx, &args, env, EXIT_TIMEOUT);
+    let args = fx.args(verb);
+    let (got, output, took) = fx.run_to_exit(&args, env, EXIT_TIMEOUT);
     eprintln!("e2e: zipline {verb} exited {got} after {took:.1?}:\n{output}");
     assert_eq!(got, code, "exit code of zipline {verb}; output:\n{output}");
     let line = error_line(&output);
@@ -212,10 +203,10 @@ fn missing_secret_names_ref_env_var_and_secrets_dir() {
     fx.write_pipeline(&secret_pipeline(&[]));
     let secrets = fx.dir.path().join("secrets");
     std::fs::create_dir(&secrets).unwrap();
-    let mut args = args(&fx, "apply");
+    let mut args = fx.args("apply");
     args.extend(["--secrets-dir".to_owned(), secrets.display().to_string()]);
     let env = fx.env();
-    let (code, output, _) = run_to_exit(&mut fx, &args, &env, EXIT_TIMEOUT);
+    let (code, output, _) = fx.run_to_exit(&args, &env, EXIT_TIMEOUT);
     eprintln!("e2e: zipline exited {code}:\n{output}");
     assert_eq!(code, 2, "exit code; output:\n{output}");
     let line = error_line(&output);
@@ -301,8 +292,8 @@ fn wrong_password_is_refused_and_never_printed() {
             ("ZIPLINE_SECRET_POSTGRES_PASSWORD", WRONG_PASSWORD),
         ],
     );
-    let args = args(&fx, "apply");
-    let (code, output, _) = run_to_exit(&mut fx, &args, &env, EXIT_TIMEOUT);
+    let args = fx.args("apply");
+    let (code, output, _) = fx.run_to_exit(&args, &env, EXIT_TIMEOUT);
     eprintln!("e2e: zipline exited {code}:\n{output}");
     assert_eq!(code, 1, "exit code; output:\n{output}");
     let line = error_line(&output);
@@ -331,7 +322,7 @@ async fn scram_password_from_secrets_dir_streams_an_insert() {
     )
     .unwrap();
     let env = env_with(&fx, &[("POSTGRES_USER", "zipline_pw")]);
-    let mut args = args(&fx, "apply");
+    let mut args = fx.args("apply");
     args.extend(["--secrets-dir".to_owned(), secrets.display().to_string()]);
     let mut z = fx.spawn(&args, &env);
 
@@ -371,8 +362,8 @@ fn unreachable_host_fails_after_bounded_retries() {
     }));
     let port = common::free_port();
     let env = env_with(&fx, &[("POSTGRES_PORT", &port.to_string())]);
-    let args = args(&fx, "apply");
-    let (code, output, took) = run_to_exit(&mut fx, &args, &env, Duration::from_secs(30));
+    let args = fx.args("apply");
+    let (code, output, took) = fx.run_to_exit(&args, &env, Duration::from_secs(30));
     eprintln!("e2e: zipline exited {code} after {took:.1?}:\n{output}");
     assert_eq!(code, 1, "exit code; output:\n{output}");
     assert!(

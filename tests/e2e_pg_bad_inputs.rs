@@ -27,7 +27,7 @@ fn expect_failure(
     needles: &[&str],
 ) -> String {
     let args = fx.args(verb);
-    let (got, output) = fx.run_to_exit(&args, env, EXIT_TIMEOUT);
+    let (got, output, _) = fx.run_to_exit(&args, env, EXIT_TIMEOUT);
     eprintln!("e2e: zipline {verb} exited {got}:\n{output}");
     assert_eq!(got, code, "exit code of zipline {verb}; output:\n{output}");
     let line = output
@@ -175,7 +175,7 @@ fn wrong_sink_password_is_refused_and_never_printed() {
     );
     assert!(!line.contains(WRONG_PASSWORD));
     let args = fx.args("apply");
-    let (_, output) = fx.run_to_exit(&args, &env, EXIT_TIMEOUT);
+    let (_, output, _) = fx.run_to_exit(&args, &env, EXIT_TIMEOUT);
     assert!(
         !output.contains(WRONG_PASSWORD) && !output.contains(RIGHT_PASSWORD),
         "a password appears in zipline's output:\n{output}"

@@ -392,11 +392,7 @@ async fn pg_replica_identity_full_and_using_index() {
 fn unusable_replica_identities_are_refused_at_startup() {
     let mut fx = Fixture::servers();
     fx.write_pipeline(&pipeline_yaml(&PipelineOpts::default()));
-    let args: Vec<String> = ["pipeline", "apply", "-f"]
-        .into_iter()
-        .map(str::to_owned)
-        .chain([fx.dir.path().join("orders.yaml").display().to_string()])
-        .collect();
+    let args = fx.args("apply");
     let cases = [
         (
             "CREATE TABLE fullnokey (a int, b text); ALTER TABLE fullnokey REPLICA IDENTITY FULL",
@@ -423,7 +419,7 @@ fn unusable_replica_identities_are_refused_at_startup() {
             &format!("CREATE TABLE {table} (a INT PRIMARY KEY, b TEXT)"),
         );
         let env = fx.env();
-        let (code, output, _) = e2e::run_to_exit(&mut fx, &args, &env, Duration::from_secs(60));
+        let (code, output, _) = fx.run_to_exit(&args, &env, Duration::from_secs(60));
         assert_eq!(code, 1, "exit code; output:\n{output}");
         let line = output
             .lines()

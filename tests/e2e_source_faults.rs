@@ -21,12 +21,7 @@ const RECONNECT_LOG: &str = "replication stream lost; reconnecting";
 
 /// Runs `zipline pipeline apply` with the source's port replaced by `source_port`.
 fn apply_via(fx: &mut Fixture, source_port: u16) -> e2e::Zipline {
-    let file = fx.dir.path().join("orders.yaml");
-    let args = ["pipeline", "apply", "-f"]
-        .into_iter()
-        .map(str::to_owned)
-        .chain([file.display().to_string()])
-        .collect::<Vec<_>>();
+    let args = fx.args("apply");
     let mut env = fx.env();
     for (k, v) in &mut env {
         if k == "POSTGRES_PORT" {

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use e2e::pg::{PgFixture, SINK_DB, pg_pipeline_yaml, wait_converged as pg_wait_converged};
 use e2e::{
     CONVERGE_TIMEOUT, Fixture, MY_DB, PG_DB, PipelineOpts, Rows, Zipline, diff_rows, pipeline_yaml,
-    run_to_exit, wait_streaming,
+    wait_streaming,
 };
 use mysql_async::prelude::Queryable;
 use zoo::Expect;
@@ -315,13 +315,9 @@ async fn composite_columns_are_refused_at_startup() {
          CREATE TABLE zoo_enum (id int PRIMARY KEY);",
     );
     fx.write_pipeline(&pipeline_yaml(&opts(&["create_tables: true"])));
-    let args: Vec<String> = ["pipeline", "apply", "-f"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .chain([fx.dir.path().join("orders.yaml").display().to_string()])
-        .collect();
+    let args = fx.args("apply");
     let env = fx.env();
-    let (code, output, _) = run_to_exit(&mut fx, &args, &env, Duration::from_secs(60));
+    let (code, output, _) = fx.run_to_exit(&args, &env, Duration::from_secs(60));
     assert_eq!(code, 1, "{output}");
     let line = output
         .lines()

@@ -9,11 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::MariaDb;
+use common::changes::{change, delete, open, pos, upsert};
 use mysql_async::prelude::Queryable;
-use zipline::change::{Change, Column, Lsn, Op, Position, Table, Value};
+use zipline::change::{Column, Op, Table, Value};
 use zipline::error::ErrorClass;
 use zipline::sink::mysql::{MysqlConnector, MysqlSinkOptions};
-use zipline::sink::{Batch, LaneSink, SinkConnector};
+use zipline::sink::{Batch, SinkConnector};
 
 const DB: &str = "shop";
 
@@ -67,10 +68,6 @@ const ORDERS_DDL: &str = "CREATE TABLE orders (id INT PRIMARY KEY, note TEXT NUL
     qty BIGINT NOT NULL, price DOUBLE NULL, weight FLOAT NULL, placed DATETIME(6) NULL, \
     paid_at TIMESTAMP(6) NULL, due DATE NULL, ref CHAR(36) NULL, `blob` BLOB NULL)";
 
-fn pos(lsn: u64, ordinal: u32) -> Position {
-    Position::new(Lsn::from(lsn), ordinal)
-}
-
 fn order_row(id: i32, note: &str, qty: i64) -> Vec<Value> {
     vec![
         Value::Int4(id),
@@ -84,33 +81,6 @@ fn order_row(id: i32, note: &str, qty: i64) -> Vec<Value> {
         Value::Uuid([0xab; 16]),
         Value::Bytes(vec![0, 0xff, b'\'']),
     ]
-}
-
-fn change(
-    t: &Arc<Table>,
-    at: Position,
-    op: Op,
-    key: Vec<Value>,
-    old_key: Option<Vec<Value>>,
-    values: Vec<Value>,
-) -> Arc<Change> {
-    Arc::new(Change {
-        position: at,
-        op,
-        table: Arc::clone(t),
-        key,
-        old_key,
-        values,
-    })
-}
-
-fn upsert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Arc<Change> {
-    let key = t.key.iter().map(|&i| values[i].clone()).collect();
-    change(t, at, Op::Update, key, None, values)
-}
-
-fn delete(t: &Arc<Table>, at: Position, key: Vec<Value>) -> Arc<Change> {
-    change(t, at, Op::Delete, key, None, Vec::new())
 }
 
 /// A server with database `shop` holding `orders` (and whatever `extra_ddl` creates).
@@ -127,13 +97,6 @@ fn checkpoints(db: &MariaDb) -> String {
         "SELECT pipeline, connector, lane, lanes, lsn, ordinal FROM _zipline_checkpoints \
          ORDER BY pipeline, connector, lane",
     )
-}
-
-async fn open(connector: &MysqlConnector, lane: u32, lanes: u32) -> Box<dyn LaneSink> {
-    connector
-        .open_lane(lane, lanes)
-        .await
-        .unwrap_or_else(|e| panic!("opening lane {lane}/{lanes}: {}", e.message))
 }
 
 #[tokio::test]

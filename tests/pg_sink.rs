@@ -12,9 +12,10 @@ mod e2e;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::changes::{change, delete, open, pos, upsert};
 use e2e::pg::fixtures::{
-    DB, ORDERS_DDL, apply, change, checkpoints, col, delete, open, options, order_literal,
-    order_row, orders, pos, rows, server, table, upsert,
+    DB, ORDERS_DDL, apply, checkpoints, col, options, order_literal, order_row, orders, rows,
+    server, table,
 };
 use zipline::change::{Change, Op, Value};
 use zipline::error::ErrorClass;

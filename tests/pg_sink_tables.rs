@@ -8,9 +8,8 @@ mod e2e;
 
 use std::sync::Arc;
 
-use e2e::pg::fixtures::{
-    DB, SOURCE_MOOD_OID, apply, col, open, options, pos, server, table, upsert,
-};
+use common::changes::{open, pos, upsert};
+use e2e::pg::fixtures::{DB, SOURCE_MOOD_OID, apply, col, options, server, table};
 use e2e::pg::scram_role;
 use zipline::change::{Table, Value};
 use zipline::error::ErrorClass;

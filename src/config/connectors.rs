@@ -15,7 +15,9 @@ use super::fields::{
     Ctx, Fields, Result, boolean, duration, identifier, list, non_empty, port, positive, retries,
 };
 use super::locate::child_index;
-use super::model::{Connector, ConnectorKind, MysqlSink, PostgresSnapshot, PostgresSource};
+use super::model::{
+    Connector, ConnectorKind, MysqlSink, PostgresSnapshot, PostgresSource, SinkTuning,
+};
 use super::secrets::{SecretRef, secret_field, secret_refs};
 
 const SOURCE_POSTGRES: &str = "source/postgres";
@@ -174,6 +176,13 @@ fn mysql(
             .unwrap_or_else(|| "root".to_owned()),
         password: secret_field(f, "password", refs, opts)?,
         create_tables: f.optional("create_tables", &boolean)?.unwrap_or(false),
+        tuning: sink_tuning(f)?,
+    })
+}
+
+/// The lane fields of any sink type.
+pub(super) fn sink_tuning(f: &Fields<'_>) -> Result<SinkTuning> {
+    Ok(SinkTuning {
         lanes: f.optional("lanes", &positive::<u32>(256))?.unwrap_or(4),
         batch_size: f
             .optional("batch_size", &positive::<usize>(COUNT_MAX))?
@@ -344,11 +353,16 @@ connectors:
         assert_eq!(k.database, "orders");
         assert!(k.password.is_none());
         assert_eq!(
-            (k.lanes, k.batch_size, k.queue_capacity, k.max_retries),
+            (
+                k.tuning.lanes,
+                k.tuning.batch_size,
+                k.tuning.queue_capacity,
+                k.tuning.max_retries
+            ),
             (4, 1000, 4096, 10)
         );
-        assert_eq!(k.max_wait, Duration::from_millis(20));
-        assert_eq!(k.connect_timeout, Duration::from_secs(10));
+        assert_eq!(k.tuning.max_wait, Duration::from_millis(20));
+        assert_eq!(k.tuning.connect_timeout, Duration::from_secs(10));
     }
 
     #[test]
@@ -425,11 +439,16 @@ routes:
         assert_eq!((k.database.as_str(), k.user.as_str()), ("target", "writer"));
         assert_eq!(k.password.as_ref().unwrap().expose(), "m-secret");
         assert_eq!(
-            (k.lanes, k.batch_size, k.queue_capacity, k.max_retries),
+            (
+                k.tuning.lanes,
+                k.tuning.batch_size,
+                k.tuning.queue_capacity,
+                k.tuning.max_retries
+            ),
             (256, 50, 100, 0)
         );
-        assert_eq!(k.max_wait, Duration::from_millis(5));
-        assert_eq!(k.connect_timeout, Duration::from_secs(60));
+        assert_eq!(k.tuning.max_wait, Duration::from_millis(5));
+        assert_eq!(k.tuning.connect_timeout, Duration::from_secs(60));
         let debug = format!("{p:?}");
         assert!(!debug.contains("m-secret") && !debug.contains("inline-pw"));
     }

@@ -35,7 +35,7 @@ mod transform;
 pub use error::ConfigError;
 pub use model::{
     Connector, ConnectorKind, MysqlSink, Pipeline, PostgresSink, PostgresSnapshot, PostgresSource,
-    Route, Settings, SqlServerSnapshot, SqlServerSource,
+    Route, Settings, SinkTuning, SqlServerSnapshot, SqlServerSource,
 };
 pub use secrets::Secret;
 pub use transform::{OnError, TransformLimits, TransformSpec};

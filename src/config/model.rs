@@ -186,6 +186,23 @@ pub enum SqlServerSnapshot {
     Never,
 }
 
+/// The lane fields every sink type shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkTuning {
+    /// Number of parallel lanes (one connection each). Default 4; 1–256.
+    pub lanes: u32,
+    /// Most changes in one lane batch (one transaction). Default 1000.
+    pub batch_size: usize,
+    /// Longest a partial batch waits for more changes before it is written. Default 20ms.
+    pub max_wait: Duration,
+    /// Capacity of each lane's bounded queue, in changes. Default 4096.
+    pub queue_capacity: usize,
+    /// Time allowed for one connection attempt. Default 10s.
+    pub connect_timeout: Duration,
+    /// Transient-error retries per batch before the error becomes fatal. Default 10.
+    pub max_retries: u32,
+}
+
 /// `sink/mysql`: MySQL or MariaDB, written by parallel keyed lanes with idempotent batches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MysqlSink {
@@ -202,18 +219,8 @@ pub struct MysqlSink {
     /// Create missing target tables from the source's columns (see `docs/types.md`).
     /// Default false.
     pub create_tables: bool,
-    /// Number of parallel lanes (one connection each). Default 4; 1–256.
-    pub lanes: u32,
-    /// Most changes in one lane batch (one transaction). Default 1000.
-    pub batch_size: usize,
-    /// Longest a partial batch waits for more changes before it is written. Default 20ms.
-    pub max_wait: Duration,
-    /// Capacity of each lane's bounded queue, in changes. Default 4096.
-    pub queue_capacity: usize,
-    /// Time allowed for one connection attempt. Default 10s.
-    pub connect_timeout: Duration,
-    /// Transient-error retries per batch before the error becomes fatal. Default 10.
-    pub max_retries: u32,
+    /// How the sink's lanes batch, queue, connect and retry.
+    pub tuning: SinkTuning,
 }
 
 /// `sink/postgres`: PostgreSQL, written by parallel keyed lanes with idempotent batches.
@@ -234,18 +241,8 @@ pub struct PostgresSink {
     pub schema: Option<String>,
     /// Create missing target tables with the source's column types. Default false.
     pub create_tables: bool,
-    /// Number of parallel lanes (one connection each). Default 4; 1–256.
-    pub lanes: u32,
-    /// Most changes in one lane batch (one transaction). Default 1000.
-    pub batch_size: usize,
-    /// Longest a partial batch waits for more changes before it is written. Default 20ms.
-    pub max_wait: Duration,
-    /// Capacity of each lane's bounded queue, in changes. Default 4096.
-    pub queue_capacity: usize,
-    /// Time allowed for one connection attempt. Default 10s.
-    pub connect_timeout: Duration,
-    /// Transient-error retries per batch before the error becomes fatal. Default 10.
-    pub max_retries: u32,
+    /// How the sink's lanes batch, queue, connect and retry.
+    pub tuning: SinkTuning,
 }
 
 /// Changes from one source go to every listed sink.
@@ -272,12 +269,14 @@ mod tests {
             user: "u".into(),
             password: Some(Secret::new("pw-value")),
             create_tables: false,
-            lanes: 4,
-            batch_size: 1000,
-            max_wait: Duration::from_millis(20),
-            queue_capacity: 4096,
-            connect_timeout: Duration::from_secs(10),
-            max_retries: 10,
+            tuning: SinkTuning {
+                lanes: 4,
+                batch_size: 1000,
+                max_wait: Duration::from_millis(20),
+                queue_capacity: 4096,
+                connect_timeout: Duration::from_secs(10),
+                max_retries: 10,
+            },
         };
         let p = Pipeline {
             name: "p".into(),

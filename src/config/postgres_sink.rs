@@ -2,12 +2,10 @@
 //! `docs/connectors/postgres-sink.md`). Fields are read in the order of [`PostgresSink`]; the
 //! first failure is returned.
 
-use std::time::Duration;
-
 use serde_yaml::Value;
 
 use super::LoadOptions;
-use super::fields::{Ctx, Fields, Result, boolean, duration, non_empty, port, positive, retries};
+use super::fields::{Ctx, Fields, Result, boolean, non_empty, port};
 use super::model::PostgresSink;
 use super::secrets::{SecretRef, secret_field};
 
@@ -38,9 +36,6 @@ pub(crate) const FIELDS: &[&str] = &[
 /// which would make Zipline address a different object than configured.
 const NAME_MAX: usize = 63;
 
-/// Upper bound for batch and queue sizes (as for `sink/mysql`).
-const COUNT_MAX: u64 = u32::MAX as u64;
-
 /// Reads the type's fields (after `name`, `type`, unknown keys and `secret_refs`).
 pub(crate) fn parse(
     f: &Fields<'_>,
@@ -55,20 +50,7 @@ pub(crate) fn parse(
         password: secret_field(f, "password", refs, opts)?,
         schema: f.optional("schema", &pg_name)?,
         create_tables: f.optional("create_tables", &boolean)?.unwrap_or(false),
-        lanes: f.optional("lanes", &positive::<u32>(256))?.unwrap_or(4),
-        batch_size: f
-            .optional("batch_size", &positive::<usize>(COUNT_MAX))?
-            .unwrap_or(1000),
-        max_wait: f
-            .optional("max_wait", &duration)?
-            .unwrap_or(Duration::from_millis(20)),
-        queue_capacity: f
-            .optional("queue_capacity", &positive::<usize>(COUNT_MAX))?
-            .unwrap_or(4096),
-        connect_timeout: f
-            .optional("connect_timeout", &duration)?
-            .unwrap_or(Duration::from_secs(10)),
-        max_retries: f.optional("max_retries", &retries)?.unwrap_or(10),
+        tuning: super::connectors::sink_tuning(f)?,
     })
 }
 
@@ -91,6 +73,7 @@ fn pg_name(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
 mod tests {
     use super::super::{ConnectorKind, LoadOptions, Pipeline, load_str};
     use super::*;
+    use std::time::Duration;
 
     const HEAD: &str = "\
 name: orders
@@ -149,11 +132,16 @@ connectors:
         );
         assert!(k.password.is_none() && k.schema.is_none() && !k.create_tables);
         assert_eq!(
-            (k.lanes, k.batch_size, k.queue_capacity, k.max_retries),
+            (
+                k.tuning.lanes,
+                k.tuning.batch_size,
+                k.tuning.queue_capacity,
+                k.tuning.max_retries
+            ),
             (4, 1000, 4096, 10)
         );
-        assert_eq!(k.max_wait, Duration::from_millis(20));
-        assert_eq!(k.connect_timeout, Duration::from_secs(10));
+        assert_eq!(k.tuning.max_wait, Duration::from_millis(20));
+        assert_eq!(k.tuning.connect_timeout, Duration::from_secs(10));
     }
 
     #[test]
@@ -180,11 +168,16 @@ connectors:
         assert_eq!(k.schema.as_deref(), Some("mirror"));
         assert!(k.create_tables);
         assert_eq!(
-            (k.lanes, k.batch_size, k.queue_capacity, k.max_retries),
+            (
+                k.tuning.lanes,
+                k.tuning.batch_size,
+                k.tuning.queue_capacity,
+                k.tuning.max_retries
+            ),
             (8, 500, 100, 0)
         );
-        assert_eq!(k.max_wait, Duration::from_millis(5));
-        assert_eq!(k.connect_timeout, Duration::from_secs(3));
+        assert_eq!(k.tuning.max_wait, Duration::from_millis(5));
+        assert_eq!(k.tuning.connect_timeout, Duration::from_secs(3));
         let debug = format!("{p:?}");
         assert!(!debug.contains("s3cret"), "{debug}");
     }

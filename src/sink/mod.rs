@@ -83,6 +83,37 @@ impl Classify for SinkError {
     }
 }
 
+/// Runs a sink's `connect` (described by `doing`, e.g. "connecting to MySQL at h:3306 as
+/// user u") within `timeout`; no answer in time is transient, like a refused connection.
+async fn within_connect_timeout<T>(
+    sink: &str,
+    doing: &str,
+    timeout: std::time::Duration,
+    connect: impl Future<Output = Result<T, SinkError>>,
+) -> Result<T, SinkError> {
+    match tokio::time::timeout(timeout, connect).await {
+        Ok(result) => result,
+        Err(_) => Err(SinkError::transient(format!(
+            "sink {sink}: {doing}: no answer within {timeout:?}"
+        ))),
+    }
+}
+
+/// Refuses pipeline and connector names the checkpoint table cannot hold, before anything
+/// is written.
+fn check_checkpoint_names(pipeline: &str, connector: &str) -> Result<(), SinkError> {
+    for (what, name) in [("pipeline", pipeline), ("connector", connector)] {
+        if name.chars().count() > crate::checkpoint::MAX_NAME_CHARS {
+            return Err(SinkError::fatal(format!(
+                "sink {connector}: the {what} name is longer than {} characters, which the \
+                 checkpoint table cannot hold",
+                crate::checkpoint::MAX_NAME_CHARS
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A configured sink: checks the target and opens lanes.
 pub trait SinkConnector: Send + Sync {
     /// The connector's name from the pipeline file.

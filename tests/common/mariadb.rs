@@ -158,37 +158,16 @@ impl MariaDb {
     /// Starts the server again on the same directory and port after `kill` or `stop`.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "restart() while mariadbd is running");
-        let started = Instant::now();
-        let deadline = started + Duration::from_secs(30);
-        loop {
-            match self.spawn_and_wait() {
-                Ok(()) => {
-                    eprintln!(
-                        "harness: mariadb on port {} restarted in {:.2?}",
-                        self.port,
-                        started.elapsed()
-                    );
-                    return;
-                }
-                Err(StartError::PortInUse | StartError::Busy(_)) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(StartError::PortInUse) => {
-                    panic!("mariadbd restart: port {} stayed in use", self.port)
-                }
-                Err(StartError::Busy(log) | StartError::Fatal(log)) => {
-                    panic!("mariadbd in {} did not restart:\n{log}", self.dir.display())
-                }
-            }
-        }
+        let (port, dir) = (self.port, self.dir.clone());
+        super::restart_server("mariadbd", port, &dir, || self.spawn_and_wait());
     }
 
-    /// The error log so far (every start).
     /// PID of the server process while it runs (for CPU accounting in benchmarks).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(std::process::Child::id)
     }
 
+    /// The error log so far (every start).
     pub fn log(&self) -> String {
         log_since(&self.log_path(), 0)
     }

@@ -31,6 +31,7 @@
 // Each test binary uses a different subset of the harness.
 #![allow(dead_code, unused_imports)]
 
+pub mod changes;
 mod mariadb;
 mod pg;
 mod proxy;
@@ -426,6 +427,36 @@ pub(crate) fn log_since(path: &Path, from: u64) -> String {
 /// Current length of a (log) file, 0 if absent.
 pub(crate) fn file_len(path: &Path) -> u64 {
     fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+/// Restarts a stopped server on its old directory and port (`server` names it in messages),
+/// retrying for up to 30 s while the port or the old instance's resources are still held.
+pub(crate) fn restart_server(
+    server: &str,
+    port: u16,
+    dir: &Path,
+    mut spawn_and_wait: impl FnMut() -> Result<(), StartError>,
+) {
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(30);
+    loop {
+        match spawn_and_wait() {
+            Ok(()) => {
+                eprintln!(
+                    "harness: {server} on port {port} restarted in {:.2?}",
+                    started.elapsed()
+                );
+                return;
+            }
+            Err(StartError::PortInUse | StartError::Busy(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(StartError::PortInUse) => panic!("{server} restart: port {port} stayed in use"),
+            Err(StartError::Busy(log) | StartError::Fatal(log)) => {
+                panic!("{server} in {} did not restart:\n{log}", dir.display())
+            }
+        }
+    }
 }
 
 /// Why a server start attempt failed.

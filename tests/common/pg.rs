@@ -201,37 +201,16 @@ impl Postgres {
     /// for a while if the port or the old shared memory is still held.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "restart() while postgres is running");
-        let started = Instant::now();
-        let deadline = started + Duration::from_secs(30);
-        loop {
-            match self.spawn_and_wait() {
-                Ok(()) => {
-                    eprintln!(
-                        "harness: postgres on port {} restarted in {:.2?}",
-                        self.port,
-                        started.elapsed()
-                    );
-                    return;
-                }
-                Err(StartError::PortInUse | StartError::Busy(_)) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(StartError::PortInUse) => {
-                    panic!("postgres restart: port {} stayed in use", self.port)
-                }
-                Err(StartError::Busy(log) | StartError::Fatal(log)) => {
-                    panic!("postgres in {} did not restart:\n{log}", self.dir.display())
-                }
-            }
-        }
+        let (port, dir) = (self.port, self.dir.clone());
+        super::restart_server("postgres", port, &dir, || self.spawn_and_wait());
     }
 
-    /// The server log so far (stderr of every start).
     /// PID of the server process while it runs (for CPU accounting in benchmarks).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(std::process::Child::id)
     }
 
+    /// The server log so far (stderr of every start).
     pub fn log(&self) -> String {
         log_since(&self.log_path(), 0)
     }

@@ -67,10 +67,89 @@ pub const MY_ORDERS: &str = "CREATE TABLE orders (
 pub struct Fixture {
     pub pg: Postgres,
     pub my: MariaDb,
-    pub dir: tempfile::TempDir,
+    pub work: Workdir,
     /// The MySQL port the pipeline uses (`MYSQL_PORT`): the server's, or a proxy's.
     pub mysql_port: u16,
+}
+
+/// A directory for a test's pipeline file, secrets and spill, and the zipline runs in it, each
+/// with its own log file. Fixtures deref to it.
+pub struct Workdir {
+    pub dir: tempfile::TempDir,
     spawned: u32,
+}
+
+impl Workdir {
+    /// A fresh directory; the harness's directories are swept when a crashed run leaves them.
+    pub fn new() -> Workdir {
+        Workdir {
+            dir: crate::common::test_dir(),
+            spawned: 0,
+        }
+    }
+
+    /// Writes `orders.yaml` (overwriting) and returns its path.
+    pub fn write_pipeline(&self, yaml: &str) -> PathBuf {
+        let path = self.dir.path().join("orders.yaml");
+        std::fs::write(&path, yaml).expect("writing orders.yaml");
+        path
+    }
+
+    /// `["pipeline", verb, "-f", <orders.yaml>]`.
+    pub fn args(&self, verb: &str) -> Vec<String> {
+        let file = self.dir.path().join("orders.yaml");
+        vec![
+            "pipeline".to_owned(),
+            verb.to_owned(),
+            "-f".to_owned(),
+            file.display().to_string(),
+        ]
+    }
+
+    /// Runs `zipline <args>` with `env`, its output in a fresh log file.
+    pub fn spawn(&mut self, args: &[String], env: &[(String, String)]) -> Zipline {
+        self.spawned += 1;
+        let log = self
+            .dir
+            .path()
+            .join(format!("zipline-{}.log", self.spawned));
+        Zipline::spawn(args, env, log)
+    }
+
+    /// Runs zipline to completion (it must exit within `timeout`): exit code, combined output
+    /// and how long it took.
+    pub fn run_to_exit(
+        &mut self,
+        args: &[String],
+        env: &[(String, String)],
+        timeout: Duration,
+    ) -> (i32, String, Duration) {
+        let started = Instant::now();
+        let mut z = self.spawn(args, env);
+        let Some(status) = z.wait_exit(timeout) else {
+            panic!(
+                "zipline {args:?} did not exit within {timeout:?}; log:\n{}",
+                z.tail(80)
+            );
+        };
+        let code = status
+            .code()
+            .unwrap_or_else(|| panic!("zipline {args:?} died by a signal: {status}"));
+        (code, z.output(), started.elapsed())
+    }
+}
+
+impl std::ops::Deref for Fixture {
+    type Target = Workdir;
+    fn deref(&self) -> &Workdir {
+        &self.work
+    }
+}
+
+impl std::ops::DerefMut for Fixture {
+    fn deref_mut(&mut self) -> &mut Workdir {
+        &mut self.work
+    }
 }
 
 impl Fixture {
@@ -92,15 +171,12 @@ impl Fixture {
         let my = MariaDb::start();
         pg.create_database(PG_DB);
         my.create_database(MY_DB);
-        // The harness's directories are swept when a crashed run leaves them behind.
-        let dir = crate::common::test_dir();
         let mysql_port = my.port;
         Fixture {
             pg,
             my,
-            dir,
+            work: Workdir::new(),
             mysql_port,
-            spawned: 0,
         }
     }
 
@@ -120,33 +196,10 @@ impl Fixture {
         .collect()
     }
 
-    /// Writes `orders.yaml` (overwriting) and returns its path.
-    pub fn write_pipeline(&self, yaml: &str) -> PathBuf {
-        let path = self.dir.path().join("orders.yaml");
-        std::fs::write(&path, yaml).expect("writing orders.yaml");
-        path
-    }
-
     /// `zipline pipeline apply -f orders.yaml` with [`Fixture::env`].
     pub fn apply(&mut self) -> Zipline {
-        let file = self.dir.path().join("orders.yaml");
-        let args = [
-            "pipeline".to_owned(),
-            "apply".to_owned(),
-            "-f".to_owned(),
-            file.display().to_string(),
-        ];
-        self.spawn(&args, &self.env())
-    }
-
-    /// Runs `zipline <args>` with `env`, its stderr in a fresh log file.
-    pub fn spawn(&mut self, args: &[String], env: &[(String, String)]) -> Zipline {
-        self.spawned += 1;
-        let log = self
-            .dir
-            .path()
-            .join(format!("zipline-{}.log", self.spawned));
-        Zipline::spawn(args, env, log)
+        let (args, env) = (self.args("apply"), self.env());
+        self.work.spawn(&args, &env)
     }
 
     /// A PostgreSQL client on the source database.
@@ -390,27 +443,6 @@ impl Drop for Zipline {
             );
         }
     }
-}
-
-/// Runs zipline to completion (it must exit within `timeout`): exit code and combined output.
-pub fn run_to_exit(
-    fx: &mut Fixture,
-    args: &[String],
-    env: &[(String, String)],
-    timeout: Duration,
-) -> (i32, String, Duration) {
-    let started = Instant::now();
-    let mut z = fx.spawn(args, env);
-    let Some(status) = z.wait_exit(timeout) else {
-        panic!(
-            "zipline {args:?} did not exit within {timeout:?}; log:\n{}",
-            z.tail(80)
-        );
-    };
-    let code = status
-        .code()
-        .unwrap_or_else(|| panic!("zipline {args:?} died by a signal: {status}"));
-    (code, z.output(), started.elapsed())
 }
 
 /// Waits until the slot exists and a walsender streams from it (Zipline created the slot and

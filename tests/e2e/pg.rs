@@ -8,10 +8,9 @@
 //! [`super::Zipline`], [`super::PipelineOpts`], [`super::diff_rows`], [`super::wait_streaming`],
 //! the slot and publication names, and the workload.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::{PG_DB, PG_ORDERS, PUBLICATION, PipelineOpts, Rows, SLOT, Zipline, diff_rows};
+use super::{PG_DB, PG_ORDERS, PUBLICATION, PipelineOpts, Rows, SLOT, Workdir, Zipline, diff_rows};
 use crate::common::Postgres;
 
 /// Sink database (on the sink cluster).
@@ -21,10 +20,22 @@ pub const SINK_DB: &str = "replica";
 pub struct PgFixture {
     pub src: Postgres,
     pub sink: Postgres,
-    pub dir: tempfile::TempDir,
+    pub work: Workdir,
     /// The sink port the pipeline uses (`SINK_PORT`): the server's, or a proxy's.
     pub sink_port: u16,
-    spawned: u32,
+}
+
+impl std::ops::Deref for PgFixture {
+    type Target = Workdir;
+    fn deref(&self) -> &Workdir {
+        &self.work
+    }
+}
+
+impl std::ops::DerefMut for PgFixture {
+    fn deref_mut(&mut self) -> &mut Workdir {
+        &mut self.work
+    }
 }
 
 impl PgFixture {
@@ -46,9 +57,8 @@ impl PgFixture {
         PgFixture {
             src,
             sink,
-            dir: crate::common::test_dir(),
+            work: Workdir::new(),
             sink_port,
-            spawned: 0,
         }
     }
 
@@ -68,58 +78,10 @@ impl PgFixture {
         .collect()
     }
 
-    /// Writes `orders.yaml` (overwriting) and returns its path.
-    pub fn write_pipeline(&self, yaml: &str) -> PathBuf {
-        let path = self.dir.path().join("orders.yaml");
-        std::fs::write(&path, yaml).expect("writing orders.yaml");
-        path
-    }
-
     /// `zipline pipeline apply -f orders.yaml` with [`PgFixture::env`].
     pub fn apply(&mut self) -> Zipline {
-        let args = self.args("apply");
-        self.spawn(&args, &self.env())
-    }
-
-    /// `["pipeline", verb, "-f", <orders.yaml>]`.
-    pub fn args(&self, verb: &str) -> Vec<String> {
-        let file = self.dir.path().join("orders.yaml");
-        vec![
-            "pipeline".to_owned(),
-            verb.to_owned(),
-            "-f".to_owned(),
-            file.display().to_string(),
-        ]
-    }
-
-    /// Runs `zipline <args>` with `env`, its output in a fresh log file.
-    pub fn spawn(&mut self, args: &[String], env: &[(String, String)]) -> Zipline {
-        self.spawned += 1;
-        let log = self
-            .dir
-            .path()
-            .join(format!("zipline-{}.log", self.spawned));
-        Zipline::spawn(args, env, log)
-    }
-
-    /// Runs zipline to completion within `timeout`: exit code and output.
-    pub fn run_to_exit(
-        &mut self,
-        args: &[String],
-        env: &[(String, String)],
-        timeout: Duration,
-    ) -> (i32, String) {
-        let mut z = self.spawn(args, env);
-        let Some(status) = z.wait_exit(timeout) else {
-            panic!(
-                "zipline {args:?} did not exit within {timeout:?}; log:\n{}",
-                z.tail(80)
-            );
-        };
-        let code = status
-            .code()
-            .unwrap_or_else(|| panic!("zipline {args:?} died by a signal: {status}"));
-        (code, z.output())
+        let (args, env) = (self.args("apply"), self.env());
+        self.work.spawn(&args, &env)
     }
 
     pub async fn src_client(&self) -> tokio_postgres::Client {
@@ -332,9 +294,9 @@ pub mod fixtures {
     use std::time::Duration;
 
     use crate::common::Postgres;
-    use zipline::change::{Change, Column, Lsn, Op, Position, Table, Value};
-    use zipline::sink::postgres::{PostgresConnector, PostgresSinkOptions};
-    use zipline::sink::{Batch, LaneSink, SinkConnector};
+    use zipline::change::{Change, Column, Table, Value};
+    use zipline::sink::postgres::PostgresSinkOptions;
+    use zipline::sink::{Batch, LaneSink};
 
     pub const DB: &str = super::SINK_DB;
 
@@ -402,14 +364,6 @@ pub mod fixtures {
           flag bool, small int2);
         CREATE TABLE expected (LIKE orders);";
 
-    pub fn pos(lsn: u64, ordinal: u32) -> Position {
-        Position {
-            lsn: Lsn::from(lsn),
-            ordinal,
-            sub: 0,
-        }
-    }
-
     /// A row with every kind of value; `id`, `note` and `qty` vary.
     pub fn order_row(id: i32, note: &str, qty: i64) -> Vec<Value> {
         vec![
@@ -454,33 +408,6 @@ pub mod fixtures {
         )
     }
 
-    pub fn change(
-        t: &Arc<Table>,
-        at: Position,
-        op: Op,
-        key: Vec<Value>,
-        old_key: Option<Vec<Value>>,
-        values: Vec<Value>,
-    ) -> Arc<Change> {
-        Arc::new(Change {
-            position: at,
-            op,
-            table: Arc::clone(t),
-            key,
-            old_key,
-            values,
-        })
-    }
-
-    pub fn upsert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Arc<Change> {
-        let key = t.key.iter().map(|&i| values[i].clone()).collect();
-        change(t, at, Op::Update, key, None, values)
-    }
-
-    pub fn delete(t: &Arc<Table>, at: Position, key: Vec<Value>) -> Arc<Change> {
-        change(t, at, Op::Delete, key, None, Vec::new())
-    }
-
     /// A cluster with database `replica` and whatever `ddl` creates there.
     pub fn server(ddl: &str) -> Postgres {
         let pg = Postgres::start();
@@ -505,13 +432,6 @@ pub mod fixtures {
             DB,
             &format!("SET TimeZone = 'UTC'; SELECT t::text FROM {table} t ORDER BY id"),
         )
-    }
-
-    pub async fn open(connector: &PostgresConnector, lane: u32, lanes: u32) -> Box<dyn LaneSink> {
-        connector
-            .open_lane(lane, lanes)
-            .await
-            .unwrap_or_else(|e| panic!("opening lane {lane}/{lanes}: {}", e.message))
     }
 
     pub async fn apply(lane: &mut Box<dyn LaneSink>, changes: Vec<Arc<Change>>) {

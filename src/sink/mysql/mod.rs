@@ -165,30 +165,20 @@ impl Shared {
     /// A new connection with the lane session set up, within the connect timeout.
     async fn connect(&self) -> Result<Conn, SinkError> {
         let o = &self.options;
-        let doing = || {
-            format!(
-                "connecting to MySQL at {}:{} as user {} (database {})",
-                o.host, o.port, o.user, o.database
-            )
-        };
+        let doing = format!(
+            "connecting to MySQL at {}:{} as user {} (database {})",
+            o.host, o.port, o.user, o.database
+        );
         let connect = async {
             let mut conn = Conn::new(self.mysql.clone())
                 .await
-                .map_err(|e| sink_error(self.sink(), &doing(), &e))?;
+                .map_err(|e| sink_error(self.sink(), &doing, &e))?;
             conn.query_drop(SESSION_SETUP)
                 .await
                 .map_err(|e| sink_error(self.sink(), "setting up the session", &e))?;
             Ok(conn)
         };
-        match tokio::time::timeout(o.connect_timeout, connect).await {
-            Ok(result) => result,
-            Err(_) => Err(SinkError::transient(format!(
-                "sink {}: {}: no answer within {:?}",
-                self.sink(),
-                doing(),
-                o.connect_timeout
-            ))),
-        }
+        super::within_connect_timeout(self.sink(), &doing, o.connect_timeout, connect).await
     }
 
     fn lane_key(&self, lane: u32, lanes: u32) -> LaneKey<'_> {
@@ -213,16 +203,7 @@ impl SinkConnector for MysqlConnector {
         Box::pin(async move {
             let shared = &self.shared;
             let o = &shared.options;
-            for (what, name) in [("pipeline", &o.pipeline), ("connector", &o.connector)] {
-                if name.chars().count() > checkpoint::MAX_NAME_CHARS {
-                    return Err(SinkError::fatal(format!(
-                        "sink {}: the {what} name is longer than {} characters, which the \
-                         checkpoint table cannot hold",
-                        o.connector,
-                        checkpoint::MAX_NAME_CHARS
-                    )));
-                }
-            }
+            super::check_checkpoint_names(&o.pipeline, &o.connector)?;
             let mut conn = shared.connect().await?;
             let create = checkpoint::mysql::create_table_sql(&o.database);
             conn.query_drop(create).await.map_err(|e| {

@@ -172,18 +172,16 @@ impl Shared {
     /// A new connection, within the connect timeout; its I/O runs on a spawned task.
     async fn connect(&self) -> Result<Client, SinkError> {
         let o = &self.options;
-        let doing = || {
-            format!(
-                "connecting to PostgreSQL at {}:{} as user {} (database {})",
-                o.host, o.port, o.user, o.database
-            )
-        };
+        let doing = format!(
+            "connecting to PostgreSQL at {}:{} as user {} (database {})",
+            o.host, o.port, o.user, o.database
+        );
         let connect = async {
             let (client, connection) = self
                 .config
                 .connect(NoTls)
                 .await
-                .map_err(|e| sink_error(self.sink(), &doing(), &e))?;
+                .map_err(|e| sink_error(self.sink(), &doing, &e))?;
             let sink = self.sink().to_owned();
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
@@ -192,15 +190,7 @@ impl Shared {
             });
             Ok(client)
         };
-        match tokio::time::timeout(o.connect_timeout, connect).await {
-            Ok(result) => result,
-            Err(_) => Err(SinkError::transient(format!(
-                "sink {}: {}: no answer within {:?}",
-                self.sink(),
-                doing(),
-                o.connect_timeout
-            ))),
-        }
+        super::within_connect_timeout(self.sink(), &doing, o.connect_timeout, connect).await
     }
 
     fn lane_key(&self, lane: u32, lanes: u32) -> LaneKey<'_> {
@@ -225,16 +215,7 @@ impl SinkConnector for PostgresConnector {
         Box::pin(async move {
             let shared = &self.shared;
             let o = &shared.options;
-            for (what, name) in [("pipeline", &o.pipeline), ("connector", &o.connector)] {
-                if name.chars().count() > checkpoint::MAX_NAME_CHARS {
-                    return Err(SinkError::fatal(format!(
-                        "sink {}: the {what} name is longer than {} characters, which the \
-                         checkpoint table cannot hold",
-                        o.connector,
-                        checkpoint::MAX_NAME_CHARS
-                    )));
-                }
-            }
+            super::check_checkpoint_names(&o.pipeline, &o.connector)?;
             let client = shared.connect().await?;
             let create = checkpoint::postgres::create_table_sql(shared.checkpoint_schema());
             client.batch_execute(&create).await.map_err(|e| {

@@ -1,0 +1,47 @@
+//! Changes and lanes for the sink tests (`tests/mysql_sink.rs`, `tests/pg_sink*.rs`), which
+//! drive a sink connector directly with hand-built changes.
+
+use std::sync::Arc;
+
+use zipline::change::{Change, Lsn, Op, Position, Table, Value};
+use zipline::sink::{LaneSink, SinkConnector};
+
+pub fn pos(lsn: u64, ordinal: u32) -> Position {
+    Position::new(Lsn::from(lsn), ordinal)
+}
+
+pub fn change(
+    t: &Arc<Table>,
+    at: Position,
+    op: Op,
+    key: Vec<Value>,
+    old_key: Option<Vec<Value>>,
+    values: Vec<Value>,
+) -> Arc<Change> {
+    Arc::new(Change {
+        position: at,
+        op,
+        table: Arc::clone(t),
+        key,
+        old_key,
+        values,
+    })
+}
+
+/// An update carrying the whole row (what a sink must upsert), keyed by the table's key.
+pub fn upsert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Arc<Change> {
+    let key = t.key.iter().map(|&i| values[i].clone()).collect();
+    change(t, at, Op::Update, key, None, values)
+}
+
+pub fn delete(t: &Arc<Table>, at: Position, key: Vec<Value>) -> Arc<Change> {
+    change(t, at, Op::Delete, key, None, Vec::new())
+}
+
+/// Lane `lane` of `lanes`, or a panic naming it.
+pub async fn open(connector: &impl SinkConnector, lane: u32, lanes: u32) -> Box<dyn LaneSink> {
+    connector
+        .open_lane(lane, lanes)
+        .await
+        .unwrap_or_else(|e| panic!("opening lane {lane}/{lanes}: {}", e.message))
+}
