@@ -139,18 +139,26 @@ impl Workdir {
     }
 }
 
-impl std::ops::Deref for Fixture {
-    type Target = Workdir;
-    fn deref(&self) -> &Workdir {
-        &self.work
-    }
-}
+/// `impl Deref<Target = Workdir>` (and `DerefMut`) for a fixture with a `work` field.
+macro_rules! deref_to_workdir {
+    ($fixture:ty) => {
+        impl std::ops::Deref for $fixture {
+            type Target = $crate::e2e::Workdir;
+            fn deref(&self) -> &$crate::e2e::Workdir {
+                &self.work
+            }
+        }
 
-impl std::ops::DerefMut for Fixture {
-    fn deref_mut(&mut self) -> &mut Workdir {
-        &mut self.work
-    }
+        impl std::ops::DerefMut for $fixture {
+            fn deref_mut(&mut self) -> &mut $crate::e2e::Workdir {
+                &mut self.work
+            }
+        }
+    };
 }
+pub(crate) use deref_to_workdir;
+
+deref_to_workdir!(Fixture);
 
 impl Fixture {
     /// Starts both servers and creates `orders` on both sides.

@@ -25,18 +25,7 @@ pub struct PgFixture {
     pub sink_port: u16,
 }
 
-impl std::ops::Deref for PgFixture {
-    type Target = Workdir;
-    fn deref(&self) -> &Workdir {
-        &self.work
-    }
-}
-
-impl std::ops::DerefMut for PgFixture {
-    fn deref_mut(&mut self) -> &mut Workdir {
-        &mut self.work
-    }
-}
+super::deref_to_workdir!(PgFixture);
 
 impl PgFixture {
     /// Both clusters, with `orders` (see [`PG_ORDERS`]) on each side.
