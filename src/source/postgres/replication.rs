@@ -531,15 +531,7 @@ async fn on_data(
                 // Barriers are decided on what the transform makes of the change.
                 return staged::push(st, stream, change).await;
             }
-            let barrier = st
-                .outputs
-                .routers
-                .iter()
-                .any(|r| needs_barrier(&change, r.lanes()));
-            if barrier {
-                return barrier_send(st, stream, change).await;
-            }
-            return dispatch(st, stream, change).await;
+            return send_change(st, stream, change).await;
         }
         PgOutput::Truncate { rel_ids, .. } => {
             for rel_id in rel_ids {
@@ -701,6 +693,24 @@ async fn send(
     permit.send(Arc::new(change));
     st.tracker.dispatched(1);
     Ok(Flow::Continue)
+}
+
+/// Sends one change the way its keys need: alone behind a barrier, or to its lane.
+async fn send_change(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    change: Change,
+) -> Result<Flow, SourceError> {
+    let barrier = st
+        .outputs
+        .routers
+        .iter()
+        .any(|r| needs_barrier(&change, r.lanes()));
+    if barrier {
+        barrier_send(st, stream, change).await
+    } else {
+        dispatch(st, stream, change).await
+    }
 }
 
 /// A change that touches more than one lane's keys (a truncate; a TOAST move across lanes)

@@ -21,11 +21,10 @@ use std::future::Future;
 use std::pin::Pin;
 
 use super::{
-    Flow, ReplicationStream, SourceError, State, StopMode, barrier_send, dispatch, drain_acks,
-    maybe_report, periodic_report,
+    Flow, ReplicationStream, SourceError, State, StopMode, drain_acks, maybe_report,
+    periodic_report, send_change,
 };
 use crate::change::{Change, Lsn};
-use crate::lane::needs_barrier;
 use crate::transform::TransformError;
 
 enum Item {
@@ -176,16 +175,7 @@ async fn complete_in_flight(
             Item::Commit { end_lsn } => st.tracker.commit(end_lsn),
             Item::Change => {
                 while let Some((_, change)) = outputs.next_if(|(i, _)| *i == input) {
-                    let barrier = st
-                        .outputs
-                        .routers
-                        .iter()
-                        .any(|r| needs_barrier(&change, r.lanes()));
-                    let flow = if barrier {
-                        barrier_send(st, stream, change).await?
-                    } else {
-                        dispatch(st, stream, change).await?
-                    };
+                    let flow = send_change(st, stream, change).await?;
                     if let Flow::Stopped = flow {
                         return Ok(Flow::Stopped);
                     }
