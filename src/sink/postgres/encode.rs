@@ -231,7 +231,7 @@ impl<'a> Param<'a> {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         match self.source {
             Source::Rows(rows, _) => rows.len(),
             Source::Keys(keys, _) => keys.len(),
@@ -239,7 +239,7 @@ impl<'a> Param<'a> {
         }
     }
 
-    fn get(&self, i: usize) -> &'a Value {
+    pub(super) fn get(&self, i: usize) -> &'a Value {
         match self.source {
             Source::Rows(rows, col) => &rows[i].values()[col],
             Source::Keys(keys, pos) => &keys[i][pos],
@@ -320,7 +320,7 @@ fn type_mismatch(ty: &Type, expected: u32) -> EncodeError {
 }
 
 /// Writes one value in `wire`'s binary format (nothing for NULL).
-fn encode(wire: Wire, value: &Value, out: &mut BytesMut) -> Result<IsNull, EncodeError> {
+pub(super) fn encode(wire: Wire, value: &Value, out: &mut BytesMut) -> Result<IsNull, EncodeError> {
     match (wire, value) {
         (_, Value::Null) => return Ok(IsNull::Yes),
         (_, Value::Unchanged) => {

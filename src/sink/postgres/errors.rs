@@ -167,6 +167,17 @@ fn hint(err: &tokio_postgres::Error) -> Option<&'static str> {
     }
 }
 
+/// The input line a COPY error happened at, from its context ("COPY t, line 3, column x").
+pub(super) fn copy_line(e: &tokio_postgres::Error) -> Option<usize> {
+    let context = e.as_db_error()?.where_()?;
+    let at = context.find(", line ")?;
+    let digits: String = context[at + 7..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

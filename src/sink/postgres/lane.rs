@@ -8,13 +8,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+use futures_util::SinkExt;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Statement};
 
-use super::errors::{connection_lost, sink_error};
+use super::errors::{connection_lost, copy_line, sink_error};
 use super::schema::{self, SinkTable};
 use super::sql::{self, Kind, Stmt, qualified};
-use super::{Shared, diagnose, pipeline};
+use super::{Shared, copy, diagnose, pipeline};
 use crate::change::{Change, Position, Table, Value};
 use crate::checkpoint;
 use crate::error::ErrorClass;
@@ -239,14 +241,35 @@ impl PostgresLane {
             .iter()
             .map(|s| s.params.iter().map(|p| p as &(dyn ToSql + Sync)).collect())
             .collect();
+        // Encoded before anything is sent, so a value COPY cannot write fails the batch
+        // before its transaction starts.
+        let mut payloads = Vec::with_capacity(stmts.len());
+        for stmt in &stmts {
+            payloads.push(match stmt.kind {
+                Kind::Copy => Some(copy::payload(&stmt.params, &stmt.copy).map_err(|m| {
+                    let source = stmt_source(tables, prelude, stmt);
+                    let doing = sql::describe(stmt, &refs[stmt.table].target, source);
+                    SinkError::definite(format!("sink {}: {doing}: {m}", self.shared.sink()))
+                })?),
+                _ => None,
+            });
+        }
         let mut futures: Vec<BoxFuture<'_, Result<(), tokio_postgres::Error>>> =
             Vec::with_capacity(stmts.len() + 3);
         futures.push(Box::pin(client.batch_execute("BEGIN")));
-        for (stmt, params) in stmts.iter().zip(&param_refs) {
+        for ((stmt, params), payload) in stmts.iter().zip(&param_refs).zip(payloads) {
             let prepared = &self.statements[&stmt.sql];
-            futures.push(Box::pin(async move {
-                client.execute(prepared, params).await.map(drop)
-            }));
+            futures.push(match payload {
+                // tokio-postgres sends no later request until this COPY's data is done, so
+                // the pipeline keeps its order.
+                Some(data) => Box::pin(async move {
+                    let sink = client.copy_in::<_, Bytes>(prepared).await?;
+                    let mut sink = std::pin::pin!(sink);
+                    sink.send(data).await?;
+                    sink.as_mut().finish().await.map(drop)
+                }),
+                None => Box::pin(async move { client.execute(prepared, params).await.map(drop) }),
+            });
         }
         let ck_stmt = &self.statements[&self.checkpoint_sql];
         futures.push(Box::pin(async move {
@@ -281,7 +304,7 @@ impl PostgresLane {
         let mut error = sink_error(sink, &doing, &err);
         let lost = connection_lost(&err);
         let conflict = (1..=stmts.len()).contains(&index)
-            && stmts[index - 1].kind == Kind::Insert
+            && matches!(stmts[index - 1].kind, Kind::Insert | Kind::Copy)
             && err.code().is_some_and(|c| c.code() == "23505");
         if conflict {
             return Err(Failure {
@@ -290,12 +313,21 @@ impl PostgresLane {
                 conflict,
             });
         }
-        if error.class == ErrorClass::Definite
-            && !lost
-            && (1..=stmts.len()).contains(&index)
-            && let Some(key) = self.blame(&stmts[index - 1], tables).await
-        {
-            error.message.push_str(&format!(" (row key {key})"));
+        if error.class == ErrorClass::Definite && !lost && (1..=stmts.len()).contains(&index) {
+            let stmt = &stmts[index - 1];
+            let key = match stmt.kind {
+                // COPY names the row ("line") it failed at.
+                Kind::Copy => copy_line(&err).and_then(|line| {
+                    let group = tables.get(stmt.table)?.upserts.get(stmt.group)?;
+                    let row = group.rows[stmt.rows.clone()].get(line.checked_sub(1)?)?;
+                    let key = group.shape.key.iter().map(|&i| &row.values()[i]);
+                    Some(sql::key_text(group.shape, key))
+                }),
+                _ => self.blame(stmt, tables).await,
+            };
+            if let Some(key) = key {
+                error.message.push_str(&format!(" (row key {key})"));
+            }
         }
         Err(Failure {
             error,
@@ -335,7 +367,7 @@ impl PostgresLane {
                 };
                 Some(sql::key_text(group.shape, keys.get(n)?.iter()))
             }
-            Kind::Truncate | Kind::Move => None,
+            Kind::Truncate | Kind::Move | Kind::Copy => None,
         }
     }
 

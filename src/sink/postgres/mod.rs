@@ -28,8 +28,10 @@
 //! committed together with the checkpoint.
 //!
 //! Rows whose key the batch itself inserted first (`fresh`, see `crate::sink::coalesce`) are
-//! written with a plain `INSERT`, about half the server's work of `INSERT … ON CONFLICT`. If
-//! one meets an existing key after all — a replayed batch, a restart from an older
+//! written with `COPY … FROM STDIN (FORMAT binary)` when every column's values have the sink
+//! column type's binary form (`copy.rs`), else with a plain `INSERT`; either is about half
+//! the server's work of `INSERT … ON CONFLICT`, and `COPY` a third less again. If one meets
+//! an existing key after all — a replayed batch, a restart from an older
 //! checkpoint, rows the sink had before — the transaction is rolled back and the same batch
 //! is written again with upserts only, as are the next `SAFE_AFTER_CONFLICT` batches and
 //! any batch retried after a transient error (it may have committed).
@@ -37,6 +39,7 @@
 //! The initial snapshot's bulk path (`COPY` into the target tables) and the snapshot state
 //! table are in `snapshot.rs`.
 
+mod copy;
 mod diagnose;
 mod encode;
 mod errors;

@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use tokio_postgres::Client;
 
+use super::copy::CopyType;
 use super::errors::sink_error;
 use super::sql::{push_ident, qualified};
 use crate::change::Table;
@@ -52,6 +53,9 @@ pub(super) struct SinkTable {
     /// `"schema"."name"`.
     pub(super) target: String,
     columns: HashMap<String, SinkColumn>,
+    /// A plain table without rules or row-level security, which `COPY` writes exactly as
+    /// `INSERT` would (see `copy.rs`).
+    copy_ok: bool,
 }
 
 impl SinkTable {
@@ -66,6 +70,15 @@ impl SinkTable {
     /// The cast target for values of sink column `column`.
     pub(super) fn cast(&self, column: &str) -> Option<&str> {
         self.columns.get(column).map(|c| c.cast.as_str())
+    }
+
+    /// The format `COPY` writes sink column `column` in; `None` if `COPY` must not be used.
+    pub(super) fn copy_type(&self, column: &str) -> Option<CopyType> {
+        if !self.copy_ok {
+            return None;
+        }
+        let c = self.columns.get(column).filter(|c| !c.generated)?;
+        CopyType::for_cast(&c.cast)
     }
 
     #[cfg(test)]
@@ -83,6 +96,7 @@ impl SinkTable {
                     (name.to_owned(), col)
                 })
                 .collect(),
+            copy_ok: true,
         }
     }
 }
@@ -103,7 +117,9 @@ async fn relation(
     let target = qualified(schema, name);
     let Some(row) = client
         .query_opt(
-            "SELECT c.oid, c.relkind FROM pg_catalog.pg_class c WHERE c.oid = to_regclass($1)",
+            "SELECT c.oid, c.relkind, c.relkind IN ('r', 'p') AND NOT c.relhasrules \
+                    AND NOT c.relrowsecurity \
+             FROM pg_catalog.pg_class c WHERE c.oid = to_regclass($1)",
             &[&target],
         )
         .await?
@@ -112,6 +128,7 @@ async fn relation(
     };
     let oid: u32 = row.get(0);
     let kind: i8 = row.get(1);
+    let copy_ok: bool = row.get(2);
     let rows = client
         .query(
             "SELECT a.attname::text, tn.nspname::text, t.typname::text, \
@@ -140,7 +157,11 @@ async fn relation(
     Ok(Some(Relation {
         oid,
         kind,
-        table: SinkTable { target, columns },
+        table: SinkTable {
+            target,
+            columns,
+            copy_ok,
+        },
     }))
 }
 
@@ -490,6 +511,7 @@ mod tests {
                     (name.to_owned(), col)
                 })
                 .collect(),
+            copy_ok: true,
         }
     }
 

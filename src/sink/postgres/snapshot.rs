@@ -27,7 +27,7 @@ use futures_util::SinkExt;
 use tokio_postgres::Client;
 
 use super::encode::push_text;
-use super::errors::{classify, sink_error};
+use super::errors::{classify, copy_line, sink_error};
 use super::sql::{self, qualified};
 use super::{Shared, schema};
 use crate::change::{Change, Op, Position, Table, Value};
@@ -562,17 +562,6 @@ fn push_copy_text(out: &mut String, scratch: &mut String, value: &Value) {
             c => out.push(c),
         }
     }
-}
-
-/// The input line a COPY error happened at, from its context ("COPY t, line 3, column x").
-fn copy_line(e: &tokio_postgres::Error) -> Option<usize> {
-    let context = e.as_db_error()?.where_()?;
-    let at = context.find(", line ")?;
-    let digits: String = context[at + 7..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
 }
 
 /// The rows of one table through the lanes' upsert statements (rows already there are

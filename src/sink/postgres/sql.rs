@@ -31,6 +31,7 @@
 
 use std::ops::Range;
 
+use super::copy::CopyType;
 use super::encode::{Param, Wire};
 use super::schema::SinkTable;
 use crate::change::{Change, Table, Value};
@@ -70,6 +71,8 @@ pub(super) enum Kind {
     Upsert,
     /// A plain `INSERT` of rows whose keys the sink should not have (see `fresh`).
     Insert,
+    /// The same rows by `COPY … FROM STDIN (FORMAT binary)` (see `copy.rs`).
+    Copy,
     /// The `UPDATE` that moves a row to its new key, keeping its TOASTed columns.
     Move,
 }
@@ -86,6 +89,8 @@ pub(super) struct Stmt<'a> {
     pub(super) group: usize,
     /// The group's rows (or keys) this statement carries.
     pub(super) rows: Range<usize>,
+    /// For [`Kind::Copy`]: the format of each parameter's column; empty otherwise.
+    pub(super) copy: Vec<CopyType>,
 }
 
 /// A source column the sink table lacks (the sink table info may be stale: reload and retry).
@@ -161,6 +166,7 @@ pub(super) fn batch<'a>(
                     table: t,
                     group: g,
                     rows,
+                    copy: Vec::new(),
                 });
             }
         }
@@ -184,12 +190,35 @@ pub(super) fn batch<'a>(
             } else {
                 0
             };
+            let copy = if fresh > 0 {
+                copy_types(sink, shape, &kept, &group.rows[..fresh])
+            } else {
+                None
+            };
+            let copying = copy.is_some();
+            if let Some(types) = copy {
+                let rows = 0..fresh;
+                let slice: &'a [Row<'a>] = &group.rows[rows.clone()];
+                out.push(Stmt {
+                    sql: copy_sql(sink, shape, &kept),
+                    params: kept
+                        .iter()
+                        .map(|&i| Param::rows(Wire::Text, slice, i))
+                        .collect(),
+                    kind: Kind::Copy,
+                    table: t,
+                    group: g,
+                    rows,
+                    copy: types,
+                });
+            }
             let insert = match upsert.find(" ON CONFLICT ") {
-                Some(end) if fresh > 0 => upsert[..end].to_owned(),
+                Some(end) if fresh > 0 && !copying => upsert[..end].to_owned(),
                 _ => String::new(),
             };
+            let inserted = if copying { 0..0 } else { 0..fresh };
             for (kind, sql, part) in [
-                (Kind::Insert, &insert, 0..fresh),
+                (Kind::Insert, &insert, inserted),
                 (Kind::Upsert, &upsert, fresh..group.rows.len()),
             ] {
                 let start = part.start;
@@ -212,6 +241,7 @@ pub(super) fn batch<'a>(
                         table: t,
                         group: g,
                         rows,
+                        copy: Vec::new(),
                     });
                 }
             }
@@ -248,6 +278,7 @@ pub(super) fn truncate<'a>(target: &str, t: usize) -> Stmt<'a> {
         table: t,
         group: 0,
         rows: 0..0,
+        copy: Vec::new(),
     }
 }
 
@@ -303,7 +334,42 @@ pub(super) fn move_row<'a>(
         table: 0,
         group: 0,
         rows: 0..1,
+        copy: Vec::new(),
     })
+}
+
+/// The `COPY` formats of columns `kept` of `shape` in `sink`, if `COPY` can write every value
+/// of `rows` in them.
+fn copy_types(
+    sink: &SinkTable,
+    shape: &Table,
+    kept: &[usize],
+    rows: &[Row<'_>],
+) -> Option<Vec<CopyType>> {
+    let types: Vec<CopyType> = kept
+        .iter()
+        .map(|&i| sink.copy_type(&shape.columns[i].name))
+        .collect::<Option<_>>()?;
+    let fits = rows.iter().all(|row| {
+        let values = row.values();
+        kept.iter().zip(&types).all(|(&i, ty)| ty.takes(&values[i]))
+    });
+    fits.then_some(types)
+}
+
+/// `COPY <target> (<kept columns>) FROM STDIN (FORMAT binary)`.
+fn copy_sql(sink: &SinkTable, shape: &Table, kept: &[usize]) -> String {
+    let mut sql = String::from("COPY ");
+    sql.push_str(&sink.target);
+    sql.push_str(" (");
+    for (n, &i) in kept.iter().enumerate() {
+        if n > 0 {
+            sql.push(',');
+        }
+        push_ident(&mut sql, &shape.columns[i].name);
+    }
+    sql.push_str(") FROM STDIN (FORMAT binary)");
+    sql
 }
 
 /// The upsert statement text for columns `kept` of `shape`.
@@ -424,6 +490,7 @@ pub(super) fn describe(stmt: &Stmt<'_>, target: &str, source: &Table) -> String 
         Kind::Delete => format!("deleting {n} {} from", plural("key")),
         Kind::Upsert => format!("upserting {n} {} into", plural("row")),
         Kind::Insert => format!("inserting {n} {} into", plural("row")),
+        Kind::Copy => format!("copying {n} {} into", plural("row")),
         Kind::Move => "moving a row to its new key in".to_owned(),
     };
     format!(
@@ -600,7 +667,7 @@ mod tests {
     }
 
     #[test]
-    fn fresh_rows_get_a_plain_insert_first() {
+    fn fresh_rows_go_first_by_copy_or_a_plain_insert() {
         let t = orders();
         let mut c = Changes::new();
         c.upsert(&t, 1, "old", 1);
@@ -615,8 +682,27 @@ mod tests {
         let mut tables = coalesce(&c.list, "out").unwrap();
         partition_fresh(&mut tables);
         assert_eq!(tables[0].upserts[0].fresh, [true, false, false]);
+        // Every column has its sink type's binary form: the fresh row goes by COPY.
         let mut out = Vec::new();
         batch(&tables, &[&orders_sink()], true, &mut out).unwrap();
+        let kinds: Vec<(Kind, usize)> = out.iter().map(|s| (s.kind, s.rows.len())).collect();
+        assert_eq!(kinds, [(Kind::Copy, 1), (Kind::Upsert, 2)]);
+        assert_eq!(
+            out[0].sql,
+            "COPY \"public\".\"orders\" (\"id\",\"note\",\"qty\") FROM STDIN (FORMAT binary)"
+        );
+        assert_eq!(out[0].copy.len(), 3);
+        // A column COPY cannot write (text into an enum): a plain INSERT.
+        let enum_note = sink(
+            "\"public\".\"orders\"",
+            &[
+                ("id", "\"pg_catalog\".\"int4\""),
+                ("note", "\"public\".\"mood\""),
+                ("qty", "\"pg_catalog\".\"int8\""),
+            ],
+        );
+        let mut out = Vec::new();
+        batch(&tables, &[&enum_note], true, &mut out).unwrap();
         let kinds: Vec<(Kind, usize)> = out.iter().map(|s| (s.kind, s.rows.len())).collect();
         assert_eq!(kinds, [(Kind::Insert, 1), (Kind::Upsert, 2)]);
         assert!(!out[0].sql.contains("ON CONFLICT"), "{}", out[0].sql);
