@@ -116,6 +116,16 @@ fn insert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Arc<Change> {
     change(t, at, Op::Insert, key, None, values)
 }
 
+/// The sink connector for `pg`, its tables checked against `t`.
+async fn checked(pg: &Postgres, t: &Arc<Table>) -> PostgresConnector {
+    let connector = PostgresConnector::new(options(pg));
+    connector
+        .check_tables(std::slice::from_ref(t))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    connector
+}
+
 fn compare(pg: &common::Postgres) {
     let query = |t: &str| {
         pg.psql(
@@ -129,12 +139,8 @@ fn compare(pg: &common::Postgres) {
 #[tokio::test]
 async fn fresh_rows_of_every_binary_type_copy_exactly_and_replays_converge() {
     let pg = logged_server(DDL);
-    let connector = PostgresConnector::new(options(&pg));
     let t = kinds();
-    connector
-        .check_tables(std::slice::from_ref(&t))
-        .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+    let connector = checked(&pg, &t).await;
     let rows: Vec<(Vec<Value>, String)> = (1..=12).map(row).collect();
     let literals: Vec<&str> = rows.iter().map(|(_, sql)| sql.as_str()).collect();
     pg.psql(
@@ -193,12 +199,8 @@ fn logged(pg: &Postgres, verb: &str, table: &str) -> usize {
 #[tokio::test]
 async fn a_value_the_column_refuses_is_definite_and_names_its_row() {
     let pg = server(DDL);
-    let connector = PostgresConnector::new(options(&pg));
     let t = kinds();
-    connector
-        .check_tables(std::slice::from_ref(&t))
-        .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+    let connector = checked(&pg, &t).await;
     let mut lane = open(&connector, 0, 1).await;
     let mut changes = Vec::new();
     for id in 1..=3 {
@@ -230,15 +232,11 @@ async fn tables_with_rules_get_their_fresh_rows_by_insert() {
          CREATE TABLE audit (id int8, body text);
          CREATE RULE keep AS ON INSERT TO notes DO ALSO INSERT INTO audit VALUES (NEW.id, NEW.body);",
     );
-    let connector = PostgresConnector::new(options(&pg));
     let t = table(
         "notes",
         vec![col("id", 20, -1, true), col("body", 25, -1, false)],
     );
-    connector
-        .check_tables(std::slice::from_ref(&t))
-        .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+    let connector = checked(&pg, &t).await;
     let mut lane = open(&connector, 0, 1).await;
     let changes = (1..=3)
         .map(|id| {

@@ -360,16 +360,22 @@ fn copy_types(
 /// `COPY <target> (<kept columns>) FROM STDIN (FORMAT binary)`.
 fn copy_sql(sink: &SinkTable, shape: &Table, kept: &[usize]) -> String {
     let mut sql = String::from("COPY ");
+    push_target_columns(&mut sql, sink, shape, kept);
+    sql.push_str(" FROM STDIN (FORMAT binary)");
+    sql
+}
+
+/// `<target> (<kept columns>)`.
+fn push_target_columns(sql: &mut String, sink: &SinkTable, shape: &Table, kept: &[usize]) {
     sql.push_str(&sink.target);
     sql.push_str(" (");
     for (n, &i) in kept.iter().enumerate() {
         if n > 0 {
             sql.push(',');
         }
-        push_ident(&mut sql, &shape.columns[i].name);
+        push_ident(sql, &shape.columns[i].name);
     }
-    sql.push_str(") FROM STDIN (FORMAT binary)");
-    sql
+    sql.push(')');
 }
 
 /// The upsert statement text for columns `kept` of `shape`.
@@ -381,15 +387,8 @@ pub(super) fn upsert_sql(
     wires: &[Wire],
 ) -> Result<String, MissingColumn> {
     let mut sql = String::from("INSERT INTO ");
-    sql.push_str(&sink.target);
-    sql.push_str(" (");
-    for (n, &i) in kept.iter().enumerate() {
-        if n > 0 {
-            sql.push(',');
-        }
-        push_ident(&mut sql, &shape.columns[i].name);
-    }
-    sql.push_str(") OVERRIDING SYSTEM VALUE SELECT ");
+    push_target_columns(&mut sql, sink, shape, kept);
+    sql.push_str(" OVERRIDING SYSTEM VALUE SELECT ");
     for (n, &i) in kept.iter().enumerate() {
         if n > 0 {
             sql.push(',');
