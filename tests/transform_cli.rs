@@ -93,7 +93,7 @@ fn validate_names_the_module_and_what_is_wrong() {
         (
             "      module: wrong-world.wasm\n",
             "orders.yaml:16: routes[0].transform.module: wrong-world.wasm: does not implement the world \
-             zipline:transform/transform@0.1.0 (exports `init` and `transform`, see wit/transform.wit): ",
+             zipline:transform/transform of zipline:transform@0.2.0 (exports `init` and `transform`, see wit/transform.wit): ",
         ),
         (
             "      module: missing-transform.wasm\n",

@@ -205,15 +205,20 @@ fn init_errors_and_bad_modules_are_named() {
     for (name, want) in [
         (
             "wrong-world",
-            "does not implement the world zipline:transform/transform@0.1.0",
+            "does not implement the world zipline:transform/transform of zipline:transform@0.2.0",
         ),
         (
             "missing-transform",
-            "does not implement the world zipline:transform/transform@0.1.0",
+            "does not implement the world zipline:transform/transform of zipline:transform@0.2.0",
         ),
         (
             "imports-unknown",
             "imports something Zipline does not provide",
+        ),
+        (
+            "old-contract",
+            "was built for zipline:transform@0.1.0, but this Zipline implements \
+             zipline:transform@0.2.0: rebuild it against wit/transform.wit",
         ),
     ] {
         let e = Module::load(&guest(name), name).unwrap_err();

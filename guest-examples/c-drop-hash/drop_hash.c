@@ -12,10 +12,24 @@
 // number would no longer fit its column. A hashed key column is hashed in `key` and
 // `old-key` too, so updates and deletes still find the row the insert wrote.
 //
-// Memory: the bindings (gen/transform.c) hand us the batch in memory we own, and free the
-// output after the host has copied it (`cabi_post_transform`). So the output reuses the
-// batch's arrays in place: kept changes slide down over dropped ones (which we free), and a
-// hashed value's old string is freed and replaced by a new allocation.
+// The batch (zipline:transform@0.2.0) is four flat lists: `tables`, `data` (the bytes of every
+// text, bytea, ... value), `values` (every value of every change; a text value is a span of
+// `data`) and `changes` (whose key, old key and row are spans of `values`). The output is
+// built from the input with as little copying as the contract allows:
+//   - `tables` and `values` are the input's own lists, handed over: a change that is kept
+//     keeps its spans, and a value that is not hashed keeps its span into the input's data;
+//   - a hashed value's entry in `values` is overwritten in place with a span of new bytes;
+//   - `output.data` holds only those new bytes (the hashes). Its spans count on from the end
+//     of the input's data: the first new byte is at `batch->data.len`, not at 0;
+//   - `changes` is the input's list with the dropped changes squeezed out.
+//
+// Memory: the bindings (gen/transform.c) hand us the batch in memory we own: what we do not
+// return we must free. What we return is freed by the bindings' post-return function
+// (`cabi_post_transform`) after the host has copied it, so it must come from malloc (or be
+// the input's own lists, which do). Both the post-return and the generated `_free` helpers
+// free a list only when its `len > 0`: an empty list's pointer is not an allocation (the
+// canonical ABI passes a dummy), so returning a list of ours with its len cut to 0 would leak
+// it. When every change is dropped we free the whole batch instead and return empty lists.
 //
 // No <stdio.h>: printf and friends pull in WASI file imports, and a transform must import
 // nothing but `host`. Messages are built with the small `buf_*` helpers below.
@@ -28,6 +42,7 @@
 typedef zipline_transform_types_value_t value_t;
 typedef zipline_transform_types_change_t change_t;
 typedef zipline_transform_types_table_t table_t;
+typedef zipline_transform_types_span_t span_t;
 
 // Config: each list is one malloc'd copy of the config value with its commas turned into
 // NULs, plus pointers to the pieces. 64 entries is far more than a route needs; more is an
@@ -110,8 +125,6 @@ static bool str_eq(const transform_string_t *s, const char *c) {
   return s->len == n && memcmp(s->ptr, c, n) == 0;
 }
 
-static bool key_is(const transform_string_t *key, const char *name) { return str_eq(key, name); }
-
 // True if the table is named by an entry of `list` (`schema.table` or a bare `table`).
 static bool table_listed(const name_list_t *list, const table_t *t) {
   for (size_t i = 0; i < list->len; i++) {
@@ -135,56 +148,13 @@ static bool name_listed(const name_list_t *list, const transform_string_t *name)
   return false;
 }
 
-static uint64_t fnv1a64(const uint8_t *p, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < n; i++) {
-    h ^= p[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
-
-// Replaces `s` (owned) by the 16 hex digits of its hash.
-static void hash_string(transform_string_t *s) {
-  static const char digits[] = "0123456789abcdef";
-  uint64_t h = fnv1a64(s->ptr, s->len);
-  char hex[17];
-  for (int i = 0; i < 16; i++) hex[i] = digits[(h >> (60 - 4 * i)) & 0xf];
-  hex[16] = '\0';
-  transform_string_free(s);
-  transform_string_dup(s, hex);
-}
-
-static void hash_value(value_t *v) {
-  switch (v->tag) {
-    case ZIPLINE_TRANSFORM_TYPES_VALUE_TEXT:
-      hash_string(&v->val.text);
-      break;
-    case ZIPLINE_TRANSFORM_TYPES_VALUE_OTHER:
-      hash_string(&v->val.other.text);
-      break;
-    case ZIPLINE_TRANSFORM_TYPES_VALUE_BYTES: {
-      uint64_t h = fnv1a64(v->val.bytes.ptr, v->val.bytes.len);
-      transform_list_u8_free(&v->val.bytes);
-      v->val.bytes.ptr = malloc(8);
-      if (!v->val.bytes.ptr) abort();
-      for (int i = 0; i < 8; i++) v->val.bytes.ptr[i] = (uint8_t)(h >> (56 - 8 * i));
-      v->val.bytes.len = 8;
-      break;
-    }
-    default:
-      // NULL, `unchanged`, numbers, temporal values, uuid, numeric, json: kept as they are.
-      break;
-  }
-}
-
 bool exports_transform_init(transform_list_tuple2_string_string_t *config, transform_string_t *err) {
   bool ok = true;
   buf_t msg = {0};
   for (size_t i = 0; i < config->len && ok; i++) {
     const transform_string_t *key = &config->ptr[i].f0;
     const transform_string_t *value = &config->ptr[i].f1;
-    name_list_t *list = key_is(key, "drop") ? &DROP : key_is(key, "hash") ? &HASH : NULL;
+    name_list_t *list = str_eq(key, "drop") ? &DROP : str_eq(key, "hash") ? &HASH : NULL;
     if (!list) {
       buf_str(&msg, "unknown config key `");
       buf_mem(&msg, key->ptr, key->len);
@@ -214,99 +184,226 @@ bool exports_transform_init(transform_list_tuple2_string_string_t *config, trans
   return true;
 }
 
+static uint64_t fnv1a64(const uint8_t *p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; i++) {
+    h ^= p[i];
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+// The data span a hashable value points at, or NULL for a variant that is never hashed.
+static span_t *hashed_span(value_t *v) {
+  switch (v->tag) {
+    case ZIPLINE_TRANSFORM_TYPES_VALUE_TEXT:
+      return &v->val.text;
+    case ZIPLINE_TRANSFORM_TYPES_VALUE_OTHER:
+      return &v->val.other.text;
+    case ZIPLINE_TRANSFORM_TYPES_VALUE_BYTES:
+      return &v->val.bytes;
+    default:
+      // NULL, `unchanged`, numbers, temporal values, uuid, numeric, json: kept as they are.
+      return NULL;
+  }
+}
+
+// How many new bytes hashing `v` appends: 8 raw bytes for bytea, 16 hex digits otherwise.
+static uint32_t hash_size(const value_t *v) {
+  return v->tag == ZIPLINE_TRANSFORM_TYPES_VALUE_BYTES ? 8 : 16;
+}
+
 // What to do with one input table's changes: drop them, or hash which columns.
 typedef struct {
+  uint32_t column;     // index in the row (`values` span)
+  int32_t key_index;   // index among the key columns (`key` / `old-key` span), or -1
+} hashed_column_t;
+
+typedef struct {
   bool drop;
-  // Per column: hash it? And the column's index among the key columns (or -1).
-  bool *hash;
-  int32_t *key_index;
-  size_t columns;
+  hashed_column_t *hashed;  // the table's columns named in `hash`
+  size_t nhashed;
 } plan_t;
 
-static void plan_tables(const zipline_transform_types_list_table_t *tables, plan_t *plans) {
+static plan_t *plan_tables(const zipline_transform_types_list_table_t *tables) {
+  plan_t *plans = calloc(tables->len ? tables->len : 1, sizeof *plans);
+  if (!plans) abort();
   for (size_t t = 0; t < tables->len; t++) {
     const table_t *table = &tables->ptr[t];
     plan_t *p = &plans[t];
     p->drop = table_listed(&DROP, table);
-    p->columns = table->columns.len;
-    p->hash = calloc(p->columns ? p->columns : 1, sizeof *p->hash);
-    p->key_index = calloc(p->columns ? p->columns : 1, sizeof *p->key_index);
-    if (!p->hash || !p->key_index) abort();
+    if (p->drop || !HASH.len) continue;
     int32_t k = 0;
-    for (size_t c = 0; c < p->columns; c++) {
+    for (size_t c = 0; c < table->columns.len; c++) {
       const zipline_transform_types_column_t *col = &table->columns.ptr[c];
-      p->hash[c] = name_listed(&HASH, &col->name);
-      p->key_index[c] = col->is_key ? k++ : -1;
+      int32_t key_index = col->is_key ? k++ : -1;
+      if (!name_listed(&HASH, &col->name)) continue;
+      if (!p->hashed) {
+        p->hashed = malloc(table->columns.len * sizeof *p->hashed);
+        if (!p->hashed) abort();
+      }
+      p->hashed[p->nhashed++] = (hashed_column_t){(uint32_t)c, key_index};
     }
   }
+  return plans;
 }
 
-static void hash_change(const plan_t *p, change_t *ch) {
-  for (size_t c = 0; c < p->columns; c++) {
-    if (!p->hash[c]) continue;
-    if (c < ch->values.len) hash_value(&ch->values.ptr[c]);
-    int32_t k = p->key_index[c];
-    if (k < 0) continue;
-    if ((size_t)k < ch->key.len) hash_value(&ch->key.ptr[k]);
-    if (ch->old_key.is_some && (size_t)k < ch->old_key.val.len) hash_value(&ch->old_key.val.ptr[k]);
+static void free_plans(plan_t *plans, size_t n) {
+  for (size_t t = 0; t < n; t++) free(plans[t].hashed);
+  free(plans);
+}
+
+// One transform call's state while it marks the values to hash.
+typedef struct {
+  const transform_batch_t *batch;
+  // Per entry of `batch->values`: to be hashed? An entry is hashed once, however many spans
+  // reach it (the host gives key, old key and row entries of their own, but a span that
+  // overlaps another must not have its value hashed twice).
+  uint8_t *marked;
+  uint64_t new_bytes;  // what the marked values will append to `output.data`
+  buf_t *msg;          // why the batch was refused
+} marker_t;
+
+static bool span_fits(span_t s, size_t n) { return (uint64_t)s.start + s.len <= n; }
+
+static bool bad_span(marker_t *m, size_t change, const char *what, span_t s) {
+  buf_str(m->msg, "change ");
+  buf_uint(m->msg, change);
+  buf_str(m->msg, ": ");
+  buf_str(m->msg, what);
+  buf_str(m->msg, " span ");
+  buf_uint(m->msg, s.start);
+  buf_str(m->msg, "+");
+  buf_uint(m->msg, s.len);
+  buf_str(m->msg, " is out of range");
+  return false;
+}
+
+// Marks entry `index` of `span` (of change `change`) for hashing when it holds a hashable
+// variant. Checks that the span lies in `values` and the value's bytes in `data`, so the C
+// below never reads out of bounds, whatever the batch says.
+static bool mark(marker_t *m, size_t change, const char *what, span_t span, size_t index) {
+  if (!span_fits(span, m->batch->values.len)) return bad_span(m, change, what, span);
+  if (index >= span.len) return true;  // a short row or key: nothing there to hash
+  size_t v = span.start + index;
+  value_t *value = &m->batch->values.ptr[v];
+  span_t *bytes = hashed_span(value);
+  if (!bytes || m->marked[v]) return true;
+  if (!span_fits(*bytes, m->batch->data.len)) return bad_span(m, change, "data", *bytes);
+  m->marked[v] = 1;
+  m->new_bytes += hash_size(value);
+  return true;
+}
+
+static bool mark_change(marker_t *m, const plan_t *p, size_t i, const change_t *ch) {
+  for (size_t h = 0; h < p->nhashed; h++) {
+    const hashed_column_t *col = &p->hashed[h];
+    if (!mark(m, i, "values", ch->values, col->column)) return false;
+    if (col->key_index < 0) continue;
+    if (!mark(m, i, "key", ch->key, (size_t)col->key_index)) return false;
+    if (ch->old_key.is_some && !mark(m, i, "old-key", ch->old_key.val, (size_t)col->key_index))
+      return false;
   }
+  return true;
+}
+
+// Appends the hash of `v`'s bytes to `out` and points `v` at them. `base` is the input data's
+// length: output spans count on from there.
+static void hash_value(value_t *v, const uint8_t *data, uint32_t base, transform_list_u8_t *out) {
+  static const char digits[] = "0123456789abcdef";
+  span_t *span = hashed_span(v);
+  uint64_t h = fnv1a64(data + span->start, span->len);
+  uint8_t *dst = out->ptr + out->len;
+  uint32_t n = hash_size(v);
+  if (v->tag == ZIPLINE_TRANSFORM_TYPES_VALUE_BYTES) {
+    for (uint32_t i = 0; i < n; i++) dst[i] = (uint8_t)(h >> (56 - 8 * i));
+  } else {
+    for (uint32_t i = 0; i < n; i++) dst[i] = (uint8_t)digits[(h >> (60 - 4 * i)) & 0xf];
+  }
+  *span = (span_t){base + (uint32_t)out->len, n};
+  out->len += n;
+}
+
+static bool refuse(transform_batch_t *batch, transform_string_t *err, const char *msg) {
+  transform_batch_free(batch);
+  set_err(err, msg);
+  return false;
 }
 
 bool exports_transform_transform(transform_batch_t *batch, transform_output_t *ret,
                                  transform_string_t *err) {
-  if (!READY) {
-    transform_batch_free(batch);
-    set_err(err, "transform called before init");
-    return false;
-  }
+  if (!READY) return refuse(batch, err, "transform called before init");
   size_t ntables = batch->tables.len;
-  // Checked before anything is moved or freed, so an error can free the batch as it came.
-  for (size_t i = 0; i < batch->changes.len; i++) {
+  size_t nchanges = batch->changes.len;
+  buf_t msg = {0};
+  for (size_t i = 0; i < nchanges; i++) {
     uint32_t t = batch->changes.ptr[i].table;
     if (t >= ntables) {
-      buf_t msg = {0};
       buf_str(&msg, "change ");
       buf_uint(&msg, i);
       buf_str(&msg, " refers to table #");
       buf_uint(&msg, t);
       buf_str(&msg, " of ");
       buf_uint(&msg, ntables);
-      transform_batch_free(batch);
-      set_err(err, msg.data);
-      return false;
+      return refuse(batch, err, msg.data);
     }
   }
-  plan_t *plans = calloc(ntables ? ntables : 1, sizeof *plans);
-  if (!plans) abort();
-  plan_tables(&batch->tables, plans);
+  plan_t *plans = plan_tables(&batch->tables);
 
+  // Pass 1: squeeze the dropped changes out, mark the values of the kept ones to hash and
+  // count the bytes their hashes take, so `output.data` is allocated once, at its final
+  // size. Values are not touched yet, so a bad span can still refuse the batch. A change owns
+  // no memory (its key and row are spans), so a dropped one needs no freeing: kept changes
+  // just slide down over it.
+  marker_t m = {batch, calloc(batch->values.len ? batch->values.len : 1, 1), 0, &msg};
+  if (!m.marked) abort();
   change_t *changes = batch->changes.ptr;
   size_t kept = 0;
-  for (size_t i = 0; i < batch->changes.len; i++) {
-    change_t *ch = &changes[i];
-    const plan_t *p = &plans[ch->table];
-    if (p->drop) {
-      zipline_transform_types_change_free(ch);
-      continue;
+  for (size_t i = 0; i < nchanges; i++) {
+    change_t ch = changes[i];
+    const plan_t *p = &plans[ch.table];
+    if (p->drop) continue;
+    if (!mark_change(&m, p, i, &ch)) {
+      free(m.marked);
+      free_plans(plans, ntables);
+      return refuse(batch, err, msg.data);
     }
-    hash_change(p, ch);
-    changes[kept++] = *ch;
+    changes[kept++] = ch;
   }
-  for (size_t t = 0; t < ntables; t++) {
-    free(plans[t].hash);
-    free(plans[t].key_index);
+  free_plans(plans, ntables);
+  // Output spans are u32 offsets from the start of the input's data.
+  if ((uint64_t)batch->data.len + m.new_bytes > UINT32_MAX) {
+    free(m.marked);
+    return refuse(batch, err, "the hashes would take output data past 4 GiB");
   }
-  free(plans);
+
+  memset(ret, 0, sizeof *ret);
+  if (!kept) {
+    // Nothing left refers to the tables or values: return empty lists rather than have the
+    // host copy them back.
+    free(m.marked);
+    transform_batch_free(batch);
+    return true;
+  }
+
+  // Pass 2: hash the marked entries in place, appending their bytes to `output.data`.
+  if (m.new_bytes) {
+    ret->data.ptr = malloc(m.new_bytes);
+    if (!ret->data.ptr) abort();
+  }
+  uint32_t base = (uint32_t)batch->data.len;
+  for (size_t v = 0; v < batch->values.len; v++)
+    if (m.marked[v]) hash_value(&batch->values.ptr[v], batch->data.ptr, base, &ret->data);
+  free(m.marked);
+  // Every hash is made; the input's bytes are not returned (the host keeps its own copy,
+  // which the spans we pass through still address), so they are ours to free.
+  transform_list_u8_free(&batch->data);
 
   // The output's tables are the input's: the dropped ones are kept (unused), which the
-  // contract allows, so indexes need no remapping.
+  // contract allows, so table indexes need no remapping.
   ret->tables = batch->tables;
-  // An empty list's pointer is not an allocation (the bindings free only when len > 0), and
-  // the post-return frees only when the output's len > 0: free an emptied array here.
-  if (!kept && batch->changes.len) free(changes);
-  ret->changes.ptr = kept ? changes : NULL;
-  ret->changes.len = kept;
-  ret->errors.ptr = NULL;
-  ret->errors.len = 0;
+  ret->values = batch->values;
+  // `kept > 0`, so the post-return frees the changes array: its tail beyond `kept` goes with it.
+  ret->changes = (zipline_transform_types_list_change_t){changes, kept};
   return true;
 }

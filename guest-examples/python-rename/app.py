@@ -11,6 +11,15 @@ Only the table shapes change: values are positional, so every change passes with
 keys and variants exactly as they came (`unchanged` included). The output's `tables` are the
 renamed copies of the input's, one for one, so changes keep their table index.
 
+The batch (contract 0.2.0) is four flat lists: `tables`, `data` (the bytes of every text,
+numeric, json, bytea and other value), `values` (every value of every change; a text value is
+`Value_Text(Span(start, len))`, a span of `data`) and `changes` (whose `key`, `old_key` and
+`values` are spans of `values`). A rename touches none of the last three, so the output hands
+them back as they came: `values` is the input's list, the changes' spans still address it,
+and its data spans still address the input's `data` (spans below the input data's length
+point there), so `output.data`, which holds only new bytes, is empty. Nothing is copied or
+decoded.
+
 A rename that would give a table two columns of one name cannot be applied: each change of
 that table is reported in the output's `errors` (the route's `on_error` policy decides what
 happens to it), and the other changes of the batch pass.
@@ -127,6 +136,15 @@ class WitWorld(wit_world.WitWorld):
             renamed, clash = _rename(table)
             tables.append(renamed)
             clashes.append(clash)
+        # The output's lists other than `tables`: no new bytes, the input's values as they came.
+        data, values = b"", batch.values
+        if all(clash is None for clash in clashes):
+            # Nothing to refuse: the changes go back as they came, table indexes included.
+            return Output(
+                tables=tables, data=data, values=values, changes=batch.changes, errors=[]
+            )
+        # A refused change is left out of `changes`. Its values stay in `values`, unreferenced:
+        # the host reads only the values output changes point at.
         changes, errors = [], []
         for index, change in enumerate(batch.changes):
             if not 0 <= change.table < len(tables):
@@ -136,4 +154,4 @@ class WitWorld(wit_world.WitWorld):
                 changes.append(change)
             else:
                 errors.append(ChangeError(index=index, message=clash))
-        return Output(tables=tables, changes=changes, errors=errors)
+        return Output(tables=tables, data=data, values=values, changes=changes, errors=errors)

@@ -3,9 +3,11 @@
 //!
 //! Input: each distinct table of a batch (by `Arc` identity, which is how the source shares
 //! one shape among all changes of a table) is listed once in `batch.tables`; changes refer to
-//! it by index. Values are moved, not cloned: the converted batch keeps the only copy, and
-//! [`InputBatch::change`] rebuilds an original change from it when a failure must name or
-//! dead-letter one.
+//! it by index. Every value goes into the one flat `batch.values` list and every string or
+//! byte string into the one `batch.data` buffer, so a call crosses the canonical ABI with four
+//! allocations in the guest however many changes and strings the batch holds. The converted
+//! batch keeps the only copy of the values: [`InputBatch::change`] rebuilds an original change
+//! from it when a failure must name or dead-letter one.
 //!
 //! Outputs are checked and converted back in [`super::output`].
 
@@ -41,6 +43,11 @@ impl InputBatch {
         let mut wit_tables = Vec::new();
         let mut positions = Vec::with_capacity(changes.len());
         let mut wit_changes = Vec::with_capacity(changes.len());
+        let width = changes.first().map_or(0, |c| c.key.len() + c.values.len());
+        let mut values = Values {
+            values: Vec::with_capacity(changes.len() * width),
+            data: Vec::with_capacity(changes.len() * width * 8),
+        };
         for c in changes {
             let ptr = Arc::as_ptr(&c.table);
             let t = match last {
@@ -56,18 +63,23 @@ impl InputBatch {
                 }
             };
             positions.push(c.position);
+            let key = values.push_all(c.key);
+            let old_key = c.old_key.map(|k| values.push_all(k));
+            let row = values.push_all(c.values);
             wit_changes.push(w::Change {
                 table: t,
                 op: op_to_wit(c.op),
                 position: position_to_wit(c.position),
-                key: c.key.into_iter().map(value_to_wit).collect(),
-                old_key: c.old_key.map(|k| k.into_iter().map(value_to_wit).collect()),
-                values: c.values.into_iter().map(value_to_wit).collect(),
+                key,
+                old_key,
+                values: row,
             });
         }
         InputBatch {
             wit: Batch {
                 tables: wit_tables,
+                data: values.data,
+                values: values.values,
                 changes: wit_changes,
             },
             tables,
@@ -82,16 +94,26 @@ impl InputBatch {
     /// The original input change `i`, rebuilt from its WIT form.
     pub(crate) fn change(&self, i: usize) -> Change {
         let c = &self.wit.changes[i];
+        let data = Data {
+            input: &self.wit.data,
+            output: &[],
+        };
+        let values = |s: w::Span| -> Vec<change::Value> {
+            self.wit.values[s.start as usize..(s.start + s.len) as usize]
+                .iter()
+                .map(|v| {
+                    data.value(v)
+                        .unwrap_or_else(|e| unreachable!("the host's own input: {e}"))
+                })
+                .collect()
+        };
         Change {
             position: self.positions[i],
             op: op_from_wit(c.op),
             table: self.tables[c.table as usize].clone(),
-            key: c.key.iter().cloned().map(value_from_wit).collect(),
-            old_key: c
-                .old_key
-                .as_ref()
-                .map(|k| k.iter().cloned().map(value_from_wit).collect()),
-            values: c.values.iter().cloned().map(value_from_wit).collect(),
+            key: values(c.key),
+            old_key: c.old_key.map(values),
+            values: values(c.values),
         }
     }
 
@@ -105,6 +127,142 @@ impl InputBatch {
         self.positions
             .binary_search_by(|q| (q.lsn, q.ordinal).cmp(&(lsn, p.ordinal)))
             .ok()
+    }
+}
+
+/// The flat `values` list and `data` buffer of a batch being built.
+struct Values {
+    values: Vec<w::Value>,
+    data: Vec<u8>,
+}
+
+impl Values {
+    fn push_all(&mut self, vs: Vec<change::Value>) -> w::Span {
+        let start = self.values.len() as u32;
+        for v in vs {
+            let wv = self.to_wit(v);
+            self.values.push(wv);
+        }
+        w::Span {
+            start,
+            len: self.values.len() as u32 - start,
+        }
+    }
+
+    fn bytes(&mut self, b: &[u8]) -> w::Span {
+        let start = self.data.len() as u32;
+        self.data.extend_from_slice(b);
+        w::Span {
+            start,
+            len: b.len() as u32,
+        }
+    }
+
+    fn to_wit(&mut self, v: change::Value) -> w::Value {
+        use change::Value as V;
+        match v {
+            V::Null => w::Value::Null,
+            V::Bool(b) => w::Value::Boolean(b),
+            V::Int2(i) => w::Value::Int2(i),
+            V::Int4(i) => w::Value::Int4(i),
+            V::Int8(i) => w::Value::Int8(i),
+            V::Float4(f) => w::Value::Float4(f),
+            V::Float8(f) => w::Value::Float8(f),
+            V::Numeric(s) => w::Value::Numeric(self.bytes(s.as_bytes())),
+            V::Text(s) => w::Value::Text(self.bytes(s.as_bytes())),
+            V::Bytes(b) => w::Value::Bytes(self.bytes(&b)),
+            V::Date(d) => w::Value::Date(d),
+            V::Time(t) => w::Value::Time(t),
+            V::Timestamp(t) => w::Value::Timestamp(t),
+            V::TimestampTz(t) => w::Value::Timestamptz(t),
+            V::Uuid(u) => {
+                let n = u128::from_be_bytes(u);
+                w::Value::Uuid(((n >> 64) as u64, n as u64))
+            }
+            V::Json(s) => w::Value::Json(self.bytes(s.as_bytes())),
+            V::Other { type_oid, text } => w::Value::Other(w::OtherValue {
+                type_oid,
+                text: self.bytes(text.as_bytes()),
+            }),
+            V::Unchanged => w::Value::Unchanged,
+        }
+    }
+}
+
+/// What an output's data spans address: the input's `data`, then the output's own.
+#[derive(Clone, Copy)]
+pub(super) struct Data<'a> {
+    pub(super) input: &'a [u8],
+    pub(super) output: &'a [u8],
+}
+
+impl<'a> Data<'a> {
+    fn bytes(&self, s: w::Span) -> Result<&'a [u8], String> {
+        let (start, len) = (s.start as usize, s.len as usize);
+        let n = self.input.len();
+        let found = if start + len <= n {
+            self.input.get(start..start + len)
+        } else if start >= n {
+            self.output.get(start - n..start - n + len)
+        } else {
+            return Err(format!(
+                "data span {start}+{len} straddles the input's data (which ends at {n}) and the output's"
+            ));
+        };
+        found.ok_or_else(|| {
+            format!(
+                "data span {start}+{len} is out of range (input data {n} bytes, output data {} bytes)",
+                self.output.len()
+            )
+        })
+    }
+
+    fn text(&self, s: w::Span) -> Result<String, String> {
+        let b = self.bytes(s)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|e| format!("data span {}+{} is not UTF-8 text: {e}", s.start, s.len))
+    }
+
+    /// The bytes `v` refers to in `data`, unchecked (for size accounting).
+    pub(super) fn len_of(&self, v: &w::Value) -> u64 {
+        match v {
+            w::Value::Numeric(s) | w::Value::Text(s) | w::Value::Bytes(s) | w::Value::Json(s) => {
+                u64::from(s.len)
+            }
+            w::Value::Other(o) => u64::from(o.text.len),
+            _ => 0,
+        }
+    }
+
+    /// The value `v`, its spans resolved.
+    pub(super) fn value(&self, v: &w::Value) -> Result<change::Value, String> {
+        use change::Value as V;
+        Ok(match *v {
+            w::Value::Null => V::Null,
+            w::Value::Boolean(b) => V::Bool(b),
+            w::Value::Int2(i) => V::Int2(i),
+            w::Value::Int4(i) => V::Int4(i),
+            w::Value::Int8(i) => V::Int8(i),
+            w::Value::Float4(f) => V::Float4(f),
+            w::Value::Float8(f) => V::Float8(f),
+            w::Value::Numeric(s) => V::Numeric(self.text(s)?),
+            w::Value::Text(s) => V::Text(self.text(s)?),
+            w::Value::Bytes(s) => V::Bytes(self.bytes(s)?.to_vec()),
+            w::Value::Date(d) => V::Date(d),
+            w::Value::Time(t) => V::Time(t),
+            w::Value::Timestamp(t) => V::Timestamp(t),
+            w::Value::Timestamptz(t) => V::TimestampTz(t),
+            w::Value::Uuid((hi, lo)) => {
+                V::Uuid(((u128::from(hi) << 64) | u128::from(lo)).to_be_bytes())
+            }
+            w::Value::Json(s) => V::Json(self.text(s)?),
+            w::Value::Other(o) => V::Other {
+                type_oid: o.type_oid,
+                text: self.text(o.text)?,
+            },
+            w::Value::Unchanged => V::Unchanged,
+        })
     }
 }
 
@@ -171,62 +329,6 @@ pub(super) fn op_from_wit(op: w::Op) -> Op {
     }
 }
 
-fn value_to_wit(v: change::Value) -> w::Value {
-    use change::Value as V;
-    match v {
-        V::Null => w::Value::Null,
-        V::Bool(b) => w::Value::Boolean(b),
-        V::Int2(i) => w::Value::Int2(i),
-        V::Int4(i) => w::Value::Int4(i),
-        V::Int8(i) => w::Value::Int8(i),
-        V::Float4(f) => w::Value::Float4(f),
-        V::Float8(f) => w::Value::Float8(f),
-        V::Numeric(s) => w::Value::Numeric(s),
-        V::Text(s) => w::Value::Text(s),
-        V::Bytes(b) => w::Value::Bytes(b),
-        V::Date(d) => w::Value::Date(d),
-        V::Time(t) => w::Value::Time(t),
-        V::Timestamp(t) => w::Value::Timestamp(t),
-        V::TimestampTz(t) => w::Value::Timestamptz(t),
-        V::Uuid(u) => {
-            let n = u128::from_be_bytes(u);
-            w::Value::Uuid(((n >> 64) as u64, n as u64))
-        }
-        V::Json(s) => w::Value::Json(s),
-        V::Other { type_oid, text } => w::Value::Other(w::OtherValue { type_oid, text }),
-        V::Unchanged => w::Value::Unchanged,
-    }
-}
-
-pub(super) fn value_from_wit(v: w::Value) -> change::Value {
-    use change::Value as V;
-    match v {
-        w::Value::Null => V::Null,
-        w::Value::Boolean(b) => V::Bool(b),
-        w::Value::Int2(i) => V::Int2(i),
-        w::Value::Int4(i) => V::Int4(i),
-        w::Value::Int8(i) => V::Int8(i),
-        w::Value::Float4(f) => V::Float4(f),
-        w::Value::Float8(f) => V::Float8(f),
-        w::Value::Numeric(s) => V::Numeric(s),
-        w::Value::Text(s) => V::Text(s),
-        w::Value::Bytes(b) => V::Bytes(b),
-        w::Value::Date(d) => V::Date(d),
-        w::Value::Time(t) => V::Time(t),
-        w::Value::Timestamp(t) => V::Timestamp(t),
-        w::Value::Timestamptz(t) => V::TimestampTz(t),
-        w::Value::Uuid((hi, lo)) => {
-            V::Uuid(((u128::from(hi) << 64) | u128::from(lo)).to_be_bytes())
-        }
-        w::Value::Json(s) => V::Json(s),
-        w::Value::Other(o) => V::Other {
-            type_oid: o.type_oid,
-            text: o.text,
-        },
-        w::Value::Unchanged => V::Unchanged,
-    }
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -268,6 +370,8 @@ pub(crate) mod tests {
     pub(crate) fn echo(input: &InputBatch) -> Output {
         Output {
             tables: input.wit.tables.clone(),
+            data: Vec::new(),
+            values: input.wit.values.clone(),
             changes: input.wit.changes.clone(),
             errors: Vec::new(),
         }
@@ -312,9 +416,9 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn uuid_and_values_convert_both_ways() {
+    fn values_convert_both_ways_through_one_data_buffer() {
         let u: [u8; 16] = *b"0123456789abcdef";
-        for v in [
+        let zoo = vec![
             Value::Uuid(u),
             Value::Other {
                 type_oid: 600,
@@ -323,12 +427,27 @@ pub(crate) mod tests {
             Value::Unchanged,
             Value::TimestampTz(-5),
             Value::Float4(1.5),
-        ] {
-            assert_eq!(value_from_wit(value_to_wit(v.clone())), v);
-        }
-        let w::Value::Uuid((hi, _)) = value_to_wit(Value::Uuid(u)) else {
-            panic!()
+            Value::Text("añb".into()),
+            Value::Bytes(vec![0, 255]),
+            Value::Numeric("-1.50".into()),
+            Value::Json("{}".into()),
+        ];
+        let t = users();
+        let mut c = insert(&t, 1, 1, "e");
+        c.op = Op::Update;
+        c.old_key = Some(vec![Value::Int8(0)]);
+        c.values = zoo.clone();
+        let input = InputBatch::new(vec![c.clone()]);
+        assert_eq!(input.change(0), c);
+        let wc = &input.wit.changes[0];
+        assert_eq!((wc.key.start, wc.key.len), (0, 1));
+        assert_eq!(wc.old_key.map(|s| (s.start, s.len)), Some((1, 1)));
+        assert_eq!((wc.values.start, wc.values.len), (2, zoo.len() as u32));
+        let w::Value::Uuid((hi, _)) = input.wit.values[2] else {
+            panic!("{:?}", input.wit.values[2])
         };
         assert_eq!(hi.to_be_bytes(), u[..8]);
+        // Every string and byte string sits back to back in the one buffer.
+        assert_eq!(input.wit.data, b"(1,2)a\xc3\xb1b\x00\xff-1.50{}");
     }
 }

@@ -27,6 +27,9 @@ use super::cache;
 use super::host::HostState;
 
 /// How often the epoch advances: the granularity of time limits.
+/// The WIT package and version this host implements (`wit/transform.wit`).
+pub(crate) const CONTRACT: &str = "zipline:transform@0.2.0";
+
 pub(crate) const TICK: Duration = Duration::from_millis(10);
 
 pub(crate) struct Shared {
@@ -116,6 +119,12 @@ impl Module {
                 c
             }
         };
+        if let Some(other) = other_contract(&component, &shared.engine) {
+            return Err(format!(
+                "was built for {other}, but this Zipline implements {CONTRACT}: rebuild it \
+                 against wit/transform.wit (guest-examples/README.md shows how)"
+            ));
+        }
         let pre = shared.linker.instantiate_pre(&component).map_err(|e| {
             format!(
                 "imports something Zipline does not provide (a transform may import only \
@@ -124,8 +133,8 @@ impl Module {
         })?;
         let pre = TransformPre::new(pre).map_err(|e| {
             format!(
-                "does not implement the world zipline:transform/transform@0.1.0 (exports \
-                 `init` and `transform`, see wit/transform.wit): {e:#}"
+                "does not implement the world zipline:transform/transform of {CONTRACT} \
+                 (exports `init` and `transform`, see wit/transform.wit): {e:#}"
             )
         })?;
         Ok(Arc::new(Module {
@@ -133,6 +142,21 @@ impl Module {
             pre,
         }))
     }
+}
+
+/// The `zipline:transform@<version>` a component imports, when it is not [`CONTRACT`]: a guest
+/// built against an older (or newer) WIT would otherwise fail with wasmtime's message about a
+/// missing import, which does not say what to do.
+fn other_contract(component: &Component, engine: &Engine) -> Option<String> {
+    let (package, version) = CONTRACT.split_once('@')?;
+    component
+        .component_type()
+        .imports(engine)
+        .find_map(|(name, _)| {
+            let (interface, v) = name.split_once('@')?;
+            let ours = interface.split_once('/')?.0 == package;
+            (ours && v != version).then(|| format!("{package}@{v}"))
+        })
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -1,8 +1,8 @@
 //! Checking a component's `output` and turning it back into [`Change`]s.
 //!
-//! Every change is checked before it can reach a lane (table index in range, as many values as
-//! columns, as many key values as key columns, a position some input had, `unchanged` only in
-//! updates), its size counted against the output limit, and output tables are turned back into
+//! Every change is checked before it can reach a lane (table index in range, value and data
+//! spans in range and text spans UTF-8, as many values as columns, as many key values as key
+//! columns, a position some input had, `unchanged` only in updates), its size counted against the output limit, and output tables are turned back into
 //! `Arc<Table>`s — the input's own `Arc` when the guest returned the shape as is, or one shared
 //! `Arc` per distinct new shape (cached across batches), so lanes and sinks keep seeing one
 //! table object per shape. Outputs are put back in input order (stably: a guest's order among
@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::bindings::zipline::transform::types as w;
-use super::bindings::{InputBatch, Output, lsn_of, op_from_wit, table_from_wit, value_from_wit};
+use super::bindings::{Data, InputBatch, Output, lsn_of, op_from_wit, table_from_wit};
 use crate::change::{self, Change, Op, Position};
 /// The outcome of one successful call, checked.
 #[derive(Debug, Default)]
@@ -86,9 +86,13 @@ pub(crate) fn check_output(
         }
         errors.push((i, e.message));
     }
+    let data = Data {
+        input: &input.wit.data,
+        output: &out.data,
+    };
     let mut bytes = 0u64;
     let mut outputs = Vec::with_capacity(out.changes.len());
-    for (n, c) in out.changes.into_iter().enumerate() {
+    for (n, c) in out.changes.iter().enumerate() {
         let what = || format!("output change #{n}");
         let Some(table) = tables.get(c.table as usize) else {
             return Err(format!(
@@ -106,21 +110,22 @@ pub(crate) fn check_output(
             )
         })?;
         let op = op_from_wit(c.op);
-        check_shape(table, op, &c)
-            .map_err(|m| format!("{} ({}): {m}", what(), table.qualified_name()))?;
-        bytes += 64 + values_size(&c.key) + values_size(&c.values);
-        if let Some(k) = &c.old_key {
-            bytes += values_size(k);
-        }
+        let blame = |m: String| format!("{} ({}): {m}", what(), table.qualified_name());
+        let spans = Spans::of(&out.values, c).map_err(blame)?;
+        check_shape(table, op, &spans).map_err(blame)?;
+        bytes += 64 + spans.size(data);
         if bytes > max_bytes {
             return Err(format!(
                 "output exceeds the limit of {max_bytes} bytes (limits.output) at output change #{n}"
             ));
         }
+        let resolve = |vs: &[w::Value]| -> Result<Vec<change::Value>, String> {
+            vs.iter().map(|v| data.value(v)).collect()
+        };
         let values = match op {
             // The contract says a delete's values are empty; tolerate a guest that sends them.
             Op::Delete | Op::Truncate => Vec::new(),
-            _ => c.values.into_iter().map(value_from_wit).collect(),
+            _ => resolve(spans.values).map_err(blame)?,
         };
         outputs.push((
             input_index,
@@ -128,10 +133,8 @@ pub(crate) fn check_output(
                 position: input.positions[input_index],
                 op,
                 table: table.clone(),
-                key: c.key.into_iter().map(value_from_wit).collect(),
-                old_key: c
-                    .old_key
-                    .map(|k| k.into_iter().map(value_from_wit).collect()),
+                key: resolve(spans.key).map_err(blame)?,
+                old_key: spans.old_key.map(resolve).transpose().map_err(blame)?,
                 values,
             },
         ));
@@ -154,7 +157,43 @@ pub(crate) fn check_output(
     Ok(Checked { outputs, errors })
 }
 
-fn check_shape(table: &change::Table, op: Op, c: &w::Change) -> Result<(), String> {
+/// One output change's value spans, resolved against the output's `values`.
+struct Spans<'a> {
+    key: &'a [w::Value],
+    old_key: Option<&'a [w::Value]>,
+    values: &'a [w::Value],
+}
+
+impl<'a> Spans<'a> {
+    fn of(values: &'a [w::Value], c: &w::Change) -> Result<Self, String> {
+        let get = |what: &str, s: &w::Span| {
+            let (start, len) = (s.start as usize, s.len as usize);
+            values.get(start..start + len).ok_or_else(|| {
+                format!(
+                    "{what} span {start}+{len} is out of range (the output has {} values)",
+                    values.len()
+                )
+            })
+        };
+        Ok(Spans {
+            key: get("key", &c.key)?,
+            old_key: c.old_key.as_ref().map(|s| get("old-key", s)).transpose()?,
+            values: get("values", &c.values)?,
+        })
+    }
+
+    /// What the change costs against `limits.output`: a fixed part per value plus its bytes.
+    fn size(&self, data: Data<'_>) -> u64 {
+        let all = self
+            .key
+            .iter()
+            .chain(self.values)
+            .chain(self.old_key.unwrap_or(&[]));
+        all.map(|v| 16 + data.len_of(v)).sum()
+    }
+}
+
+fn check_shape(table: &change::Table, op: Op, c: &Spans<'_>) -> Result<(), String> {
     let keys = table.key.len();
     if op == Op::Truncate {
         return if c.key.is_empty() {
@@ -199,22 +238,10 @@ fn check_shape(table: &change::Table, op: Op, c: &w::Change) -> Result<(), Strin
     Ok(())
 }
 
-fn values_size(vs: &[w::Value]) -> u64 {
-    vs.iter()
-        .map(|v| {
-            16 + match v {
-                w::Value::Numeric(s) | w::Value::Text(s) | w::Value::Json(s) => s.len() as u64,
-                w::Value::Other(o) => o.text.len() as u64,
-                w::Value::Bytes(b) => b.len() as u64,
-                _ => 0,
-            }
-        })
-        .sum()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::change::Value;
     use crate::transform::bindings::tests::{echo, insert, users};
 
     #[test]
@@ -266,23 +293,18 @@ mod tests {
             "output change #0: table #5 does not exist (the output lists 1 tables)"
         );
         assert_eq!(
-            check(&|o| {
-                o.changes[0].values.pop();
-            }),
+            check(&|o| o.changes[0].values.len = 1),
             "output change #0 (public.users): 1 values for 2 columns"
         );
         assert_eq!(
-            check(&|o| o.changes[0].key.clear()),
+            check(&|o| o.changes[0].key.len = 0),
             "output change #0 (public.users): 0 key values for 1 key columns"
         );
         assert_eq!(
             check(&|o| o.changes[0].position.ordinal = 9),
             "output change #0: position 0x00010000000000000001#9 is not the position of any input change"
         );
-        assert!(
-            check(&|o| o.changes[0].values[1] = w::Value::Unchanged)
-                .contains("only allowed in updates")
-        );
+        assert!(check(&|o| o.values[2] = w::Value::Unchanged).contains("only allowed in updates"));
         assert_eq!(
             check(&|o| o.errors.push(w::ChangeError {
                 index: 3,
@@ -291,8 +313,59 @@ mod tests {
             "an error refers to input change #3, but the batch has 1 changes"
         );
         assert_eq!(
-            check(&|o| o.changes[0].values[1] = w::Value::Text("x".repeat(20_000))),
+            check(&|o| {
+                o.data = vec![b'x'; 20_000];
+                o.values[2] = w::Value::Text(w::Span {
+                    start: 1,
+                    len: 20_000,
+                });
+            }),
             "output exceeds the limit of 10000 bytes (limits.output) at output change #0"
+        );
+        assert_eq!(
+            check(&|o| o.changes[0].values.start = 2),
+            "output change #0 (public.users): values span 2+2 is out of range (the output has 3 values)"
+        );
+        // Data spans: the input's data is "x" (1 byte); the output's starts at 1.
+        let text =
+            |o: &mut Output, start, len| o.values[2] = w::Value::Text(w::Span { start, len });
+        assert_eq!(
+            check(&|o| {
+                o.data = b"yz".to_vec();
+                text(o, 0, 2);
+            }),
+            "output change #0 (public.users): data span 0+2 straddles the input's data (which ends at 1) and the output's"
+        );
+        assert_eq!(
+            check(&|o| text(o, 1, 1)),
+            "output change #0 (public.users): data span 1+1 is out of range (input data 1 bytes, output data 0 bytes)"
+        );
+        assert!(
+            check(&|o| {
+                o.data = vec![0xff];
+                text(o, 1, 1);
+            })
+            .contains("data span 1+1 is not UTF-8 text")
+        );
+    }
+
+    #[test]
+    fn spans_address_the_input_data_then_the_output_data() {
+        let t = users();
+        let input = InputBatch::new(vec![insert(&t, 1, 1, "ann@x"), insert(&t, 2, 2, "bo@y")]);
+        let mut out = echo(&input);
+        // Mask the second email: new bytes after the input's 9, the first email passed through.
+        out.data = b"b***@y".to_vec();
+        out.values[5] = w::Value::Text(w::Span { start: 9, len: 6 });
+        let checked = check_output(out, &input, &mut TableCache::default(), u64::MAX).unwrap();
+        let emails: Vec<_> = checked
+            .outputs
+            .iter()
+            .map(|(_, c)| c.values[1].clone())
+            .collect();
+        assert_eq!(
+            emails,
+            [Value::Text("ann@x".into()), Value::Text("b***@y".into())]
         );
     }
 

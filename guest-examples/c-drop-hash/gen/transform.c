@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Imported Functions from `zipline:transform/host@0.1.0`
+// Imported Functions from `zipline:transform/host@0.2.0`
 
-__attribute__((__import_module__("zipline:transform/host@0.1.0"), __import_name__("log")))
+__attribute__((__import_module__("zipline:transform/host@0.2.0"), __import_name__("log")))
 extern void __wasm_import_zipline_transform_host_log(int32_t, uint8_t *, size_t);
 
 // Exported Functions from `transform`
@@ -56,292 +56,44 @@ void __wasm_export_exports_transform_transform_post_return(uint8_t * arg0) {
         }
         free(ptr1);
       }
-      size_t len21 = *((size_t*) (arg0 + (4*sizeof(void*))));
-      if (len21 > 0) {
-        uint8_t *ptr22 = *((uint8_t **) (arg0 + (3*sizeof(void*))));
-        for (size_t i23 = 0; i23 < len21; i23++) {
-          uint8_t *base = ptr22 + i23 * (40+6*sizeof(void*));
+      size_t len3 = *((size_t*) (arg0 + (4*sizeof(void*))));
+      if (len3 > 0) {
+        uint8_t *ptr4 = *((uint8_t **) (arg0 + (3*sizeof(void*))));
+        for (size_t i5 = 0; i5 < len3; i5++) {
+          uint8_t *base = ptr4 + i5 * 1;
           (void) base;
-          size_t len6 = *((size_t*) (base + (32+1*sizeof(void*))));
-          if (len6 > 0) {
-            uint8_t *ptr7 = *((uint8_t **) (base + 32));
-            for (size_t i8 = 0; i8 < len6; i8++) {
-              uint8_t *base = ptr7 + i8 * (16+2*sizeof(void*));
-              (void) base;
-              switch ((int32_t) (int32_t) *((uint8_t*) (base + 0))) {
-                case 0: {
-                  break;
-                }
-                case 1: {
-                  break;
-                }
-                case 2: {
-                  break;
-                }
-                case 3: {
-                  break;
-                }
-                case 4: {
-                  break;
-                }
-                case 5: {
-                  break;
-                }
-                case 6: {
-                  break;
-                }
-                case 7: {
-                  if ((*((size_t*) (base + (8+1*sizeof(void*))))) > 0) {
-                    free(*((uint8_t **) (base + 8)));
-                  }
-                  break;
-                }
-                case 8: {
-                  if ((*((size_t*) (base + (8+1*sizeof(void*))))) > 0) {
-                    free(*((uint8_t **) (base + 8)));
-                  }
-                  break;
-                }
-                case 9: {
-                  size_t len3 = *((size_t*) (base + (8+1*sizeof(void*))));
-                  if (len3 > 0) {
-                    uint8_t *ptr4 = *((uint8_t **) (base + 8));
-                    for (size_t i5 = 0; i5 < len3; i5++) {
-                      uint8_t *base = ptr4 + i5 * 1;
-                      (void) base;
-                    }
-                    free(ptr4);
-                  }
-                  break;
-                }
-                case 10: {
-                  break;
-                }
-                case 11: {
-                  break;
-                }
-                case 12: {
-                  break;
-                }
-                case 13: {
-                  break;
-                }
-                case 14: {
-                  break;
-                }
-                case 15: {
-                  if ((*((size_t*) (base + (8+1*sizeof(void*))))) > 0) {
-                    free(*((uint8_t **) (base + 8)));
-                  }
-                  break;
-                }
-                case 16: {
-                  if ((*((size_t*) (base + (8+2*sizeof(void*))))) > 0) {
-                    free(*((uint8_t **) (base + (8+1*sizeof(void*)))));
-                  }
-                  break;
-                }
-                case 17: {
-                  break;
-                }
-              }
-            }
-            free(ptr7);
-          }
-          switch ((int32_t) (int32_t) *((uint8_t*) (base + (32+2*sizeof(void*))))) {
-            case 0: {
-              break;
-            }
-            case 1: {
-              size_t len12 = *((size_t*) (base + (32+4*sizeof(void*))));
-              if (len12 > 0) {
-                uint8_t *ptr13 = *((uint8_t **) (base + (32+3*sizeof(void*))));
-                for (size_t i14 = 0; i14 < len12; i14++) {
-                  uint8_t *base = ptr13 + i14 * (16+2*sizeof(void*));
-                  (void) base;
-                  switch ((int32_t) (int32_t) *((uint8_t*) (base + 0))) {
-                    case 0: {
-                      break;
-                    }
-                    case 1: {
-                      break;
-                    }
-                    case 2: {
-                      break;
-                    }
-                    case 3: {
-                      break;
-                    }
-                    case 4: {
-                      break;
-                    }
-                    case 5: {
-                      break;
-                    }
-                    case 6: {
-                      break;
-                    }
-                    case 7: {
-                      if ((*((size_t*) (base + (8+1*sizeof(void*))))) > 0) {
-                        free(*((uint8_t **) (base + 8)));
-                      }
-                      break;
-                    }
-                    case 8: {
-                      if ((*((size_t*) (base + (8+1*sizeof(void*))))) > 0) {
-                        free(*((uint8_t **) (base + 8)));
-                      }
-                      break;
-                    }
-                    case 9: {
-                      size_t len9 = *((size_t*) (base + (8+1*sizeof(void*))));
-                      if (len9 > 0) {
-                        uint8_t *ptr10 = *((uint8_t **) (base + 8));
-                        for (size_t i11 = 0; i11 < len9; i11++) {
-                          uint8_t *base = ptr10 + i11 * 1;
-                          (void) base;
-                        }
-                        free(ptr10);
-                      }
-                      break;
-                    }
-                    case 10: {
-                      break;
-                    }
-                    case 11: {
-                      break;
-                    }
-                    case 12: {
-                      break;
-                    }
-                    case 13: {
-                      break;
-                    }
-                    case 14: {
-                      break;
-                    }
-                    case 15: {
-                      if ((*((size_t*) (base + (8+1*sizeof(void*))))) > 0) {
-                        free(*((uint8_t **) (base + 8)));
-                      }
-                      break;
-                    }
-                    case 16: {
-                      if ((*((size_t*) (base + (8+2*sizeof(void*))))) > 0) {
-                        free(*((uint8_t **) (base + (8+1*sizeof(void*)))));
-                      }
-                      break;
-                    }
-                    case 17: {
-                      break;
-                    }
-                  }
-                }
-                free(ptr13);
-              }
-              break;
-            }
-          }
-          size_t len18 = *((size_t*) (base + (32+6*sizeof(void*))));
-          if (len18 > 0) {
-            uint8_t *ptr19 = *((uint8_t **) (base + (32+5*sizeof(void*))));
-            for (size_t i20 = 0; i20 < len18; i20++) {
-              uint8_t *base = ptr19 + i20 * (16+2*sizeof(void*));
-              (void) base;
-              switch ((int32_t) (int32_t) *((uint8_t*) (base + 0))) {
-                case 0: {
-                  break;
-                }
-                case 1: {
-                  break;
-                }
-                case 2: {
-                  break;
-                }
-                case 3: {
-                  break;
-                }
-                case 4: {
-                  break;
-                }
-                case 5: {
-                  break;
-                }
-                case 6: {
-                  break;
-                }
-                case 7: {
-                  if ((*((size_t*) (base + (8+1*sizeof(void*))))) > 0) {
-                    free(*((uint8_t **) (base + 8)));
-                  }
-                  break;
-                }
-                case 8: {
-                  if ((*((size_t*) (base + (8+1*sizeof(void*))))) > 0) {
-                    free(*((uint8_t **) (base + 8)));
-                  }
-                  break;
-                }
-                case 9: {
-                  size_t len15 = *((size_t*) (base + (8+1*sizeof(void*))));
-                  if (len15 > 0) {
-                    uint8_t *ptr16 = *((uint8_t **) (base + 8));
-                    for (size_t i17 = 0; i17 < len15; i17++) {
-                      uint8_t *base = ptr16 + i17 * 1;
-                      (void) base;
-                    }
-                    free(ptr16);
-                  }
-                  break;
-                }
-                case 10: {
-                  break;
-                }
-                case 11: {
-                  break;
-                }
-                case 12: {
-                  break;
-                }
-                case 13: {
-                  break;
-                }
-                case 14: {
-                  break;
-                }
-                case 15: {
-                  if ((*((size_t*) (base + (8+1*sizeof(void*))))) > 0) {
-                    free(*((uint8_t **) (base + 8)));
-                  }
-                  break;
-                }
-                case 16: {
-                  if ((*((size_t*) (base + (8+2*sizeof(void*))))) > 0) {
-                    free(*((uint8_t **) (base + (8+1*sizeof(void*)))));
-                  }
-                  break;
-                }
-                case 17: {
-                  break;
-                }
-              }
-            }
-            free(ptr19);
-          }
         }
-        free(ptr22);
+        free(ptr4);
       }
-      size_t len24 = *((size_t*) (arg0 + (6*sizeof(void*))));
-      if (len24 > 0) {
-        uint8_t *ptr25 = *((uint8_t **) (arg0 + (5*sizeof(void*))));
-        for (size_t i26 = 0; i26 < len24; i26++) {
-          uint8_t *base = ptr25 + i26 * (3*sizeof(void*));
+      size_t len6 = *((size_t*) (arg0 + (6*sizeof(void*))));
+      if (len6 > 0) {
+        uint8_t *ptr7 = *((uint8_t **) (arg0 + (5*sizeof(void*))));
+        for (size_t i8 = 0; i8 < len6; i8++) {
+          uint8_t *base = ptr7 + i8 * 24;
+          (void) base;
+        }
+        free(ptr7);
+      }
+      size_t len9 = *((size_t*) (arg0 + (8*sizeof(void*))));
+      if (len9 > 0) {
+        uint8_t *ptr10 = *((uint8_t **) (arg0 + (7*sizeof(void*))));
+        for (size_t i11 = 0; i11 < len9; i11++) {
+          uint8_t *base = ptr10 + i11 * 64;
+          (void) base;
+        }
+        free(ptr10);
+      }
+      size_t len12 = *((size_t*) (arg0 + (10*sizeof(void*))));
+      if (len12 > 0) {
+        uint8_t *ptr13 = *((uint8_t **) (arg0 + (9*sizeof(void*))));
+        for (size_t i14 = 0; i14 < len12; i14++) {
+          uint8_t *base = ptr13 + i14 * (3*sizeof(void*));
           (void) base;
           if ((*((size_t*) (base + (2*sizeof(void*))))) > 0) {
             free(*((uint8_t **) (base + sizeof(void*))));
           }
         }
-        free(ptr25);
+        free(ptr13);
       }
       break;
     }
@@ -366,23 +118,9 @@ void *cabi_realloc(void *ptr, size_t old_size, size_t align, size_t new_size) {
 }
 
 __attribute__((__aligned__(sizeof(void*))))
-static uint8_t RET_AREA[(7*sizeof(void*))];
+static uint8_t RET_AREA[(11*sizeof(void*))];
 
 // Helper Functions
-
-void zipline_transform_types_other_value_free(zipline_transform_types_other_value_t *ptr) {
-  transform_string_free(&ptr->text);
-}
-
-void transform_list_u8_free(transform_list_u8_t *ptr) {
-  size_t list_len = ptr->len;
-  if (list_len > 0) {
-    uint8_t *list_ptr = ptr->ptr;
-    for (size_t i = 0; i < list_len; i++) {
-    }
-    free(list_ptr);
-  }
-}
 
 void zipline_transform_types_value_free(zipline_transform_types_value_t *ptr) {
   switch ((int32_t) ptr->tag) {
@@ -405,15 +143,12 @@ void zipline_transform_types_value_free(zipline_transform_types_value_t *ptr) {
       break;
     }
     case 7: {
-      transform_string_free(&ptr->val.numeric);
       break;
     }
     case 8: {
-      transform_string_free(&ptr->val.text);
       break;
     }
     case 9: {
-      transform_list_u8_free(&ptr->val.bytes);
       break;
     }
     case 10: {
@@ -432,11 +167,9 @@ void zipline_transform_types_value_free(zipline_transform_types_value_t *ptr) {
       break;
     }
     case 15: {
-      transform_string_free(&ptr->val.json);
       break;
     }
     case 16: {
-      zipline_transform_types_other_value_free(&ptr->val.other);
       break;
     }
   }
@@ -463,27 +196,13 @@ void zipline_transform_types_table_free(zipline_transform_types_table_t *ptr) {
   zipline_transform_types_list_column_free(&ptr->columns);
 }
 
-void zipline_transform_types_list_value_free(zipline_transform_types_list_value_t *ptr) {
-  size_t list_len = ptr->len;
-  if (list_len > 0) {
-    zipline_transform_types_value_t *list_ptr = ptr->ptr;
-    for (size_t i = 0; i < list_len; i++) {
-      zipline_transform_types_value_free(&list_ptr[i]);
-    }
-    free(list_ptr);
-  }
-}
-
-void zipline_transform_types_option_list_value_free(zipline_transform_types_option_list_value_t *ptr) {
+void zipline_transform_types_option_span_free(zipline_transform_types_option_span_t *ptr) {
   if (ptr->is_some) {
-    zipline_transform_types_list_value_free(&ptr->val);
   }
 }
 
 void zipline_transform_types_change_free(zipline_transform_types_change_t *ptr) {
-  zipline_transform_types_list_value_free(&ptr->key);
-  zipline_transform_types_option_list_value_free(&ptr->old_key);
-  zipline_transform_types_list_value_free(&ptr->values);
+  zipline_transform_types_option_span_free(&ptr->old_key);
 }
 
 void zipline_transform_types_list_table_free(zipline_transform_types_list_table_t *ptr) {
@@ -492,6 +211,27 @@ void zipline_transform_types_list_table_free(zipline_transform_types_list_table_
     zipline_transform_types_table_t *list_ptr = ptr->ptr;
     for (size_t i = 0; i < list_len; i++) {
       zipline_transform_types_table_free(&list_ptr[i]);
+    }
+    free(list_ptr);
+  }
+}
+
+void transform_list_u8_free(transform_list_u8_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    uint8_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+    }
+    free(list_ptr);
+  }
+}
+
+void zipline_transform_types_list_value_free(zipline_transform_types_list_value_t *ptr) {
+  size_t list_len = ptr->len;
+  if (list_len > 0) {
+    zipline_transform_types_value_t *list_ptr = ptr->ptr;
+    for (size_t i = 0; i < list_len; i++) {
+      zipline_transform_types_value_free(&list_ptr[i]);
     }
     free(list_ptr);
   }
@@ -510,6 +250,8 @@ void zipline_transform_types_list_change_free(zipline_transform_types_list_chang
 
 void zipline_transform_types_batch_free(zipline_transform_types_batch_t *ptr) {
   zipline_transform_types_list_table_free(&ptr->tables);
+  transform_list_u8_free(&ptr->data);
+  zipline_transform_types_list_value_free(&ptr->values);
   zipline_transform_types_list_change_free(&ptr->changes);
 }
 
@@ -530,6 +272,8 @@ void zipline_transform_types_list_change_error_free(zipline_transform_types_list
 
 void zipline_transform_types_output_free(zipline_transform_types_output_t *ptr) {
   zipline_transform_types_list_table_free(&ptr->tables);
+  transform_list_u8_free(&ptr->data);
+  zipline_transform_types_list_value_free(&ptr->values);
   zipline_transform_types_list_change_free(&ptr->changes);
   zipline_transform_types_list_change_error_free(&ptr->errors);
 }
@@ -625,15 +369,17 @@ uint8_t * __wasm_export_exports_transform_init(uint8_t * arg, size_t arg0) {
 }
 
 __attribute__((__export_name__("transform")))
-uint8_t * __wasm_export_exports_transform_transform(uint8_t * arg, size_t arg0, uint8_t * arg1, size_t arg2) {
-  transform_batch_t arg5 = (zipline_transform_types_batch_t) {
+uint8_t * __wasm_export_exports_transform_transform(uint8_t * arg, size_t arg0, uint8_t * arg1, size_t arg2, uint8_t * arg3, size_t arg4, uint8_t * arg5, size_t arg6) {
+  transform_batch_t arg7 = (zipline_transform_types_batch_t) {
     (zipline_transform_types_list_table_t) (zipline_transform_types_list_table_t) { (zipline_transform_types_table_t*)(arg), (arg0) },
-    (zipline_transform_types_list_change_t) (zipline_transform_types_list_change_t) { (zipline_transform_types_change_t*)(arg1), (arg2) },
+    (transform_list_u8_t) (transform_list_u8_t) { (uint8_t*)(arg1), (arg2) },
+    (zipline_transform_types_list_value_t) (zipline_transform_types_list_value_t) { (zipline_transform_types_value_t*)(arg3), (arg4) },
+    (zipline_transform_types_list_change_t) (zipline_transform_types_list_change_t) { (zipline_transform_types_change_t*)(arg5), (arg6) },
   };
   transform_result_output_string_t ret;
   transform_output_t ok;
   transform_string_t err;
-  ret.is_err = !exports_transform_transform(&arg5, &ok, &err);
+  ret.is_err = !exports_transform_transform(&arg7, &ok, &err);
   if (ret.is_err) {
     ret.val.err = err;
   }
@@ -642,17 +388,21 @@ uint8_t * __wasm_export_exports_transform_transform(uint8_t * arg, size_t arg0, 
   }
   uint8_t *ptr = (uint8_t *) &RET_AREA;
   if ((ret).is_err) {
-    const transform_string_t *payload62 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
-    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload62).len;
-    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload62).ptr;
+    const transform_string_t *payload28 = &(ret).val.err;*((int8_t*)(ptr + 0)) = 1;
+    *((size_t*)(ptr + (2*sizeof(void*)))) = (*payload28).len;
+    *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) (*payload28).ptr;
   } else {
     const transform_output_t *payload = &(ret).val.ok;*((int8_t*)(ptr + 0)) = 0;
     *((size_t*)(ptr + (2*sizeof(void*)))) = ((*payload).tables).len;
     *((uint8_t **)(ptr + sizeof(void*))) = (uint8_t *) ((*payload).tables).ptr;
-    *((size_t*)(ptr + (4*sizeof(void*)))) = ((*payload).changes).len;
-    *((uint8_t **)(ptr + (3*sizeof(void*)))) = (uint8_t *) ((*payload).changes).ptr;
-    *((size_t*)(ptr + (6*sizeof(void*)))) = ((*payload).errors).len;
-    *((uint8_t **)(ptr + (5*sizeof(void*)))) = (uint8_t *) ((*payload).errors).ptr;
+    *((size_t*)(ptr + (4*sizeof(void*)))) = ((*payload).data).len;
+    *((uint8_t **)(ptr + (3*sizeof(void*)))) = (uint8_t *) ((*payload).data).ptr;
+    *((size_t*)(ptr + (6*sizeof(void*)))) = ((*payload).values).len;
+    *((uint8_t **)(ptr + (5*sizeof(void*)))) = (uint8_t *) ((*payload).values).ptr;
+    *((size_t*)(ptr + (8*sizeof(void*)))) = ((*payload).changes).len;
+    *((uint8_t **)(ptr + (7*sizeof(void*)))) = (uint8_t *) ((*payload).changes).ptr;
+    *((size_t*)(ptr + (10*sizeof(void*)))) = ((*payload).errors).len;
+    *((uint8_t **)(ptr + (9*sizeof(void*)))) = (uint8_t *) ((*payload).errors).ptr;
   }
   return ptr;
 }

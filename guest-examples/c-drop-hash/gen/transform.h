@@ -23,25 +23,27 @@ typedef uint8_t zipline_transform_host_level_t;
 #define ZIPLINE_TRANSFORM_HOST_LEVEL_WARN 3
 #define ZIPLINE_TRANSFORM_HOST_LEVEL_ERROR 4
 
+// `len` items from `start`: bytes of a `data` buffer, or values of a `values` list.
+typedef struct zipline_transform_types_span_t {
+  uint32_t   start;
+  uint32_t   len;
+} zipline_transform_types_span_t;
+
 // A value of a type the model does not name.
 typedef struct zipline_transform_types_other_value_t {
   // PostgreSQL type OID
   uint32_t   type_oid;
-  // the source's text form
-  transform_string_t   text;
+  // the source's text form, in `data`
+  zipline_transform_types_span_t   text;
 } zipline_transform_types_other_value_t;
-
-typedef struct {
-  uint8_t *ptr;
-  size_t len;
-} transform_list_u8_t;
 
 typedef struct {
   uint64_t f0;
   uint64_t f1;
 } transform_tuple2_u64_u64_t;
 
-// A column value, typed like the source column.
+// A column value, typed like the source column. Spans point into `data` (UTF-8 for all
+// but `bytes`).
 typedef struct zipline_transform_types_value_t {
   uint8_t tag;
   union {
@@ -51,15 +53,15 @@ typedef struct zipline_transform_types_value_t {
     int64_t     int8;
     float     float4;
     double     float8;
-    transform_string_t     numeric;
-    transform_string_t     text;
-    transform_list_u8_t     bytes;
+    zipline_transform_types_span_t     numeric;
+    zipline_transform_types_span_t     text;
+    zipline_transform_types_span_t     bytes;
     int32_t     date;
     int64_t     time;
     int64_t     timestamp;
     int64_t     timestamptz;
     transform_tuple2_u64_u64_t     uuid;
-    transform_string_t     json;
+    zipline_transform_types_span_t     json;
     zipline_transform_types_other_value_t     other;
   } val;
 } zipline_transform_types_value_t;
@@ -82,7 +84,7 @@ typedef struct zipline_transform_types_value_t {
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_NUMERIC 7
 // text, varchar, char
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_TEXT 8
-// bytea
+// bytea, raw bytes
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_BYTES 9
 // date: days since 1970-01-01
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_DATE 10
@@ -148,14 +150,9 @@ typedef struct zipline_transform_types_position_t {
 } zipline_transform_types_position_t;
 
 typedef struct {
-  zipline_transform_types_value_t *ptr;
-  size_t len;
-} zipline_transform_types_list_value_t;
-
-typedef struct {
   bool is_some;
-  zipline_transform_types_list_value_t val;
-} zipline_transform_types_option_list_value_t;
+  zipline_transform_types_span_t val;
+} zipline_transform_types_option_span_t;
 
 // One row-level change.
 typedef struct zipline_transform_types_change_t {
@@ -163,18 +160,28 @@ typedef struct zipline_transform_types_change_t {
   uint32_t   table;
   zipline_transform_types_op_t   op;
   zipline_transform_types_position_t   position;
-  // values of the key columns, in column order; empty for truncate
-  zipline_transform_types_list_value_t   key;
-  // the key before an update that changed it
-  zipline_transform_types_option_list_value_t   old_key;
-  // the whole row in column order; empty for delete and truncate
-  zipline_transform_types_list_value_t   values;
+  // the key columns' values, in column order, as a span of `values`; empty for truncate
+  zipline_transform_types_span_t   key;
+  // the key before an update that changed it, as a span of `values`
+  zipline_transform_types_option_span_t   old_key;
+  // the whole row in column order, as a span of `values`; empty for delete and truncate
+  zipline_transform_types_span_t   values;
 } zipline_transform_types_change_t;
 
 typedef struct {
   zipline_transform_types_table_t *ptr;
   size_t len;
 } zipline_transform_types_list_table_t;
+
+typedef struct {
+  uint8_t *ptr;
+  size_t len;
+} transform_list_u8_t;
+
+typedef struct {
+  zipline_transform_types_value_t *ptr;
+  size_t len;
+} zipline_transform_types_list_value_t;
 
 typedef struct {
   zipline_transform_types_change_t *ptr;
@@ -184,6 +191,10 @@ typedef struct {
 // The input of one call: changes in commit order.
 typedef struct zipline_transform_types_batch_t {
   zipline_transform_types_list_table_t   tables;
+  // the bytes behind every span-valued `value`
+  transform_list_u8_t   data;
+  // the values of every change (key, old key, row), referred to by span
+  zipline_transform_types_list_value_t   values;
   zipline_transform_types_list_change_t   changes;
 } zipline_transform_types_batch_t;
 
@@ -200,9 +211,20 @@ typedef struct {
 } zipline_transform_types_list_change_error_t;
 
 // The output of one call. `changes` refer to `tables` of this output (which may be the
-// input's tables, renamed ones, or new ones), and must keep the input's order per key.
+// input's tables, renamed ones, or new ones) and to spans of this output's `values` (which
+// may be the input's list, returned as it came or edited), and must keep the input's
+// order per key.
+// 
+// Value spans into data count from the start of the input's `data` and run on into the
+// output's: a start below the input data's length points into the input's bytes, so a
+// value passed through keeps its span and nothing is copied; new text (a mask, a hash) is
+// appended to `output.data` and addressed from the input data's length onwards. A span
+// may not straddle the two.
 typedef struct zipline_transform_types_output_t {
   zipline_transform_types_list_table_t   tables;
+  // new bytes only: spans address them from the input data's length onwards
+  transform_list_u8_t   data;
+  zipline_transform_types_list_value_t   values;
   zipline_transform_types_list_change_t   changes;
   zipline_transform_types_list_change_error_t   errors;
 } zipline_transform_types_output_t;
@@ -236,7 +258,7 @@ typedef struct {
   } val;
 } transform_result_output_string_t;
 
-// Imported Functions from `zipline:transform/host@0.1.0`
+// Imported Functions from `zipline:transform/host@0.2.0`
 // Write a line to Zipline's log, tagged with the route and module.
 extern void zipline_transform_host_log(zipline_transform_host_level_t level, transform_string_t *message);
 
@@ -246,10 +268,6 @@ bool exports_transform_transform(transform_batch_t *batch, transform_output_t *r
 
 // Helper Functions
 
-void zipline_transform_types_other_value_free(zipline_transform_types_other_value_t *ptr);
-
-void transform_list_u8_free(transform_list_u8_t *ptr);
-
 void zipline_transform_types_value_free(zipline_transform_types_value_t *ptr);
 
 void zipline_transform_types_column_free(zipline_transform_types_column_t *ptr);
@@ -258,13 +276,15 @@ void zipline_transform_types_list_column_free(zipline_transform_types_list_colum
 
 void zipline_transform_types_table_free(zipline_transform_types_table_t *ptr);
 
-void zipline_transform_types_list_value_free(zipline_transform_types_list_value_t *ptr);
-
-void zipline_transform_types_option_list_value_free(zipline_transform_types_option_list_value_t *ptr);
+void zipline_transform_types_option_span_free(zipline_transform_types_option_span_t *ptr);
 
 void zipline_transform_types_change_free(zipline_transform_types_change_t *ptr);
 
 void zipline_transform_types_list_table_free(zipline_transform_types_list_table_t *ptr);
+
+void transform_list_u8_free(transform_list_u8_t *ptr);
+
+void zipline_transform_types_list_value_free(zipline_transform_types_list_value_t *ptr);
 
 void zipline_transform_types_list_change_free(zipline_transform_types_list_change_t *ptr);
 

@@ -28,7 +28,7 @@ wit_bindgen::generate!({
 });
 
 use zipline::transform::host::{Level, log};
-use zipline::transform::types::{Table, Value};
+use zipline::transform::types::{Span, Table, Value};
 
 struct Config {
     columns: Vec<String>,
@@ -50,23 +50,49 @@ fn list(value: Option<&String>) -> Vec<String> {
 
 /// `a***@example.com` for an address, `A***` otherwise; the empty string stays empty.
 pub fn mask_text(s: &str) -> String {
-    let Some(first) = s.chars().next() else {
-        return String::new();
-    };
-    let mut out = String::with_capacity(8 + s.len().min(64));
-    out.push(first);
-    out.push_str("***");
-    if let Some(at) = s.rfind('@') {
-        out.push_str(&s[at..]);
-    }
-    out
+    let mut out = Vec::new();
+    mask_into(s, &mut out);
+    String::from_utf8(out).expect("built from whole chars of a str")
 }
 
-fn mask(value: &mut Value) {
-    match value {
-        Value::Text(s) | Value::Json(s) | Value::Numeric(s) => *s = mask_text(s),
-        Value::Other(o) => o.text = mask_text(&o.text),
-        _ => {}
+/// Appends the mask of `s` to `out` (no allocation of its own: this runs once per value).
+fn mask_into(s: &str, out: &mut Vec<u8>) {
+    let Some(first) = s.chars().next() else {
+        return;
+    };
+    out.extend_from_slice(&s.as_bytes()[..first.len_utf8()]);
+    out.extend_from_slice(b"***");
+    if let Some(at) = s.rfind('@') {
+        out.extend_from_slice(&s.as_bytes()[at..]);
+    }
+}
+
+/// The output's new bytes. Its spans count on from the end of the input's `data` (the WIT's
+/// `output` says why): a value left alone keeps its input span and costs nothing.
+struct NewData {
+    base: usize,
+    bytes: Vec<u8>,
+}
+
+impl NewData {
+    /// Replaces the text `value` points at with its mask.
+    fn mask(&mut self, value: &mut Value, input: &[u8]) -> Result<(), String> {
+        let span = match value {
+            Value::Text(s) | Value::Json(s) | Value::Numeric(s) => s,
+            Value::Other(o) => &mut o.text,
+            _ => return Ok(()),
+        };
+        let text = input
+            .get(span.start as usize..(span.start + span.len) as usize)
+            .and_then(|b| std::str::from_utf8(b).ok())
+            .ok_or("a text value outside the batch's data")?;
+        let start = self.base + self.bytes.len();
+        mask_into(text, &mut self.bytes);
+        *span = Span {
+            start: start as u32,
+            len: (self.base + self.bytes.len() - start) as u32,
+        };
+        Ok(())
     }
 }
 
@@ -134,31 +160,39 @@ impl Guest for Component {
     fn transform(batch: Batch) -> Result<Output, String> {
         let cfg = CONFIG.get().ok_or("transform called before init")?;
         let plans: Vec<Plan> = batch.tables.iter().map(|t| plan(cfg, t)).collect();
+        // The input's values list becomes the output's, edited in place where masked.
+        let mut values = batch.values;
+        let mut new = NewData {
+            base: batch.data.len(),
+            bytes: Vec::new(),
+        };
         let mut changes = Vec::with_capacity(batch.changes.len());
-        for mut change in batch.changes {
+        for change in batch.changes {
             let Some(p) = plans.get(change.table as usize) else {
                 return Err(format!("change refers to table #{} of {}", change.table, plans.len()));
             };
             if p.dropped {
                 continue;
             }
+            let mut mask_at = |span: Span, i: usize| match values.get_mut(span.start as usize + i) {
+                Some(v) if i < span.len as usize => new.mask(v, &batch.data),
+                _ => Ok(()),
+            };
             for &i in &p.values {
-                if let Some(v) = change.values.get_mut(i) {
-                    mask(v);
-                }
+                mask_at(change.values, i)?;
             }
             for &i in &p.key {
-                if let Some(v) = change.key.get_mut(i) {
-                    mask(v);
-                }
-                if let Some(v) = change.old_key.as_mut().and_then(|k| k.get_mut(i)) {
-                    mask(v);
+                mask_at(change.key, i)?;
+                if let Some(old) = change.old_key {
+                    mask_at(old, i)?;
                 }
             }
             changes.push(change);
         }
         Ok(Output {
             tables: batch.tables,
+            data: new.bytes,
+            values,
             changes,
             errors: Vec::new(),
         })

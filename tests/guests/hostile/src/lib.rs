@@ -26,7 +26,7 @@ wit_bindgen::generate!({
 });
 
 use zipline::transform::host::{Level, log};
-use zipline::transform::types::{Change, ChangeError, Column, Table, Value};
+use zipline::transform::types::{Change, ChangeError, Column, Span, Table, Value};
 
 struct Config {
     mode: String,
@@ -44,11 +44,16 @@ fn int(v: &Value) -> Option<i64> {
     }
 }
 
-fn hits(cfg: &Config, c: &Change) -> bool {
+fn hits(cfg: &Config, values: &[Value], c: &Change) -> bool {
     match cfg.key {
         None => true,
-        Some(k) => c.key.first().and_then(int) == Some(k),
+        Some(k) => c.key.len > 0 && values.get(c.key.start as usize).and_then(int) == Some(k),
     }
+}
+
+/// Index in `values` of value `i` of `span`, if it has one.
+fn at(span: Span, i: usize) -> Option<usize> {
+    (i < span.len as usize).then_some(span.start as usize + i)
 }
 
 fn shift(v: &mut Value) {
@@ -81,11 +86,14 @@ impl Guest for Component {
 
     fn transform(batch: Batch) -> Result<Output, String> {
         let cfg = CONFIG.get().ok_or("transform before init")?;
-        let hit = batch.changes.iter().any(|c| hits(cfg, c));
+        let hit = batch.changes.iter().any(|c| hits(cfg, &batch.values, c));
         let Batch {
             mut tables,
+            data,
+            mut values,
             mut changes,
         } = batch;
+        let mut new_data = Vec::new();
         let mut errors = Vec::new();
         match cfg.mode.as_str() {
             "loop" if hit => {
@@ -107,7 +115,7 @@ impl Guest for Component {
             "reject" => {
                 let mut kept = Vec::new();
                 for (i, c) in changes.into_iter().enumerate() {
-                    if hits(cfg, &c) {
+                    if hits(cfg, &values, &c) {
                         errors.push(ChangeError {
                             index: i as u32,
                             message: "rejected on purpose".to_owned(),
@@ -119,16 +127,26 @@ impl Guest for Component {
                 changes = kept;
             }
             "oversize" => {
-                let big = "x".repeat(1024);
+                // One 1 KiB text, referred to by 10,000 copies of each change.
+                new_data = vec![b'x'; 1024];
+                let big = Span {
+                    start: data.len() as u32,
+                    len: 1024,
+                };
                 let mut out = Vec::new();
                 for c in &changes {
-                    for _ in 0..10_000 {
-                        let mut copy = c.clone();
-                        if let Some(v) = copy.values.iter_mut().find(|v| matches!(v, Value::Text(_))) {
-                            *v = Value::Text(big.clone());
-                        }
-                        out.push(copy);
+                    let mut row: Vec<Value> =
+                        values[c.values.start as usize..][..c.values.len as usize].to_vec();
+                    if let Some(v) = row.iter_mut().find(|v| matches!(v, Value::Text(_))) {
+                        *v = Value::Text(big);
                     }
+                    let mut copy = c.clone();
+                    copy.values = Span {
+                        start: values.len() as u32,
+                        len: row.len() as u32,
+                    };
+                    values.extend(row);
+                    out.extend(std::iter::repeat_n(copy, 10_000));
                 }
                 changes = out;
             }
@@ -138,8 +156,8 @@ impl Guest for Component {
                 }
             }
             "bad-values" => {
-                if let Some(c) = changes.iter_mut().find(|c| !c.values.is_empty()) {
-                    c.values.pop();
+                if let Some(c) = changes.iter_mut().find(|c| c.values.len > 0) {
+                    c.values.len -= 1;
                 }
             }
             "bad-position" => {
@@ -160,6 +178,7 @@ impl Guest for Component {
                 tables.extend(copies);
                 let mut out = Vec::with_capacity(changes.len() * 2);
                 for c in changes {
+                    // The copy shares the original's values: spans are only indexes.
                     let mut copy = c.clone();
                     copy.table += n;
                     out.push(c);
@@ -168,17 +187,16 @@ impl Guest for Component {
                 changes = out;
             }
             "rekey" => {
-                for c in &mut changes {
+                for c in &changes {
                     let t = &tables[c.table as usize];
                     if let Some(first_key) = t.columns.iter().position(|col| col.is_key) {
-                        if let Some(v) = c.key.first_mut() {
-                            shift(v);
-                        }
-                        if let Some(v) = c.old_key.as_mut().and_then(|k| k.first_mut()) {
-                            shift(v);
-                        }
-                        if let Some(v) = c.values.get_mut(first_key) {
-                            shift(v);
+                        let spots = [
+                            at(c.key, 0),
+                            c.old_key.and_then(|k| at(k, 0)),
+                            at(c.values, first_key),
+                        ];
+                        for i in spots.into_iter().flatten() {
+                            shift(&mut values[i]);
                         }
                     }
                 }
@@ -187,6 +205,8 @@ impl Guest for Component {
         }
         Ok(Output {
             tables,
+            data: new_data,
+            values,
             changes,
             errors,
         })

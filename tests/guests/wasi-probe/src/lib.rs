@@ -10,7 +10,7 @@ wit_bindgen::generate!({
     world: "transform",
 });
 
-use zipline::transform::types::Value;
+use zipline::transform::types::{Span, Value};
 
 fn probe() -> String {
     let mut out = Vec::new();
@@ -83,15 +83,24 @@ impl Guest for Component {
         let report = probe();
         println!("wasi-probe stdout: {report}");
         eprintln!("wasi-probe stderr: probing done");
-        let mut changes = batch.changes;
-        for c in &mut changes {
-            if let Some(v) = c.values.iter_mut().find(|v| matches!(v, Value::Text(_))) {
-                *v = Value::Text(report.clone());
+        // The report replaces each change's first text value: one copy in the output's data,
+        // addressed after the input's.
+        let report_span = Span {
+            start: batch.data.len() as u32,
+            len: report.len() as u32,
+        };
+        let mut values = batch.values;
+        for c in &batch.changes {
+            let row = &mut values[c.values.start as usize..][..c.values.len as usize];
+            if let Some(v) = row.iter_mut().find(|v| matches!(v, Value::Text(_))) {
+                *v = Value::Text(report_span);
             }
         }
         Ok(Output {
             tables: batch.tables,
-            changes,
+            data: report.into_bytes(),
+            values,
+            changes: batch.changes,
             errors: Vec::new(),
         })
     }
