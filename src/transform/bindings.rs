@@ -11,6 +11,7 @@
 //!
 //! Outputs are checked and converted back in [`super::output`].
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -32,6 +33,8 @@ pub(crate) struct InputBatch {
     pub(crate) tables: Vec<Arc<change::Table>>,
     /// Input positions, strictly increasing (the source's order).
     pub(super) positions: Vec<Position>,
+    /// The input's own string and byte buffers, for outputs to take back.
+    pub(super) buffers: Buffers,
 }
 
 impl InputBatch {
@@ -46,7 +49,9 @@ impl InputBatch {
         let width = changes.first().map_or(0, |c| c.key.len() + c.values.len());
         let mut values = Values {
             values: Vec::with_capacity(changes.len() * width),
-            data: Vec::with_capacity(changes.len() * width * 8),
+            // About what an 8-column row of short strings needs, so the buffer rarely regrows.
+            data: Vec::with_capacity(changes.len() * width * 24),
+            buffers: Buffers::default(),
         };
         for c in changes {
             let ptr = Arc::as_ptr(&c.table);
@@ -84,6 +89,7 @@ impl InputBatch {
             },
             tables,
             positions,
+            buffers: values.buffers,
         }
     }
 
@@ -97,6 +103,7 @@ impl InputBatch {
         let data = Data {
             input: &self.wit.data,
             output: &[],
+            buffers: None,
         };
         let values = |s: w::Span| -> Vec<change::Value> {
             self.wit.values[s.start as usize..(s.start + s.len) as usize]
@@ -134,6 +141,31 @@ impl InputBatch {
 struct Values {
     values: Vec<w::Value>,
     data: Vec<u8>,
+    buffers: Buffers,
+}
+
+/// The input's string and byte buffers, by where their copies sit in `data`. An output value
+/// that passes through (same span) takes its buffer back instead of allocating a new one:
+/// most values pass through, and a heap allocation per string was the host's largest cost
+/// after the ABI copies themselves.
+#[derive(Default)]
+pub(super) struct Buffers {
+    /// Data offset of each non-empty buffer, strictly increasing (spans are laid out in order).
+    starts: Vec<u32>,
+    /// The buffer at `starts[i]`, until an output takes it. A `RefCell` because outputs are
+    /// resolved through `&InputBatch`; one thread owns a batch.
+    held: RefCell<Vec<Option<Vec<u8>>>>,
+}
+
+impl Buffers {
+    fn take(&self, s: w::Span) -> Option<Vec<u8>> {
+        let i = self.starts.binary_search(&s.start).ok()?;
+        let mut held = self.held.borrow_mut();
+        match &held[i] {
+            Some(b) if b.len() == s.len as usize => held[i].take(),
+            _ => None,
+        }
+    }
 }
 
 impl Values {
@@ -149,13 +181,16 @@ impl Values {
         }
     }
 
-    fn bytes(&mut self, b: &[u8]) -> w::Span {
+    /// Copies `b` into `data`, keeping `b` itself for an output to take back.
+    fn bytes(&mut self, b: Vec<u8>) -> w::Span {
         let start = self.data.len() as u32;
-        self.data.extend_from_slice(b);
-        w::Span {
-            start,
-            len: b.len() as u32,
+        self.data.extend_from_slice(&b);
+        let len = b.len() as u32;
+        if len > 0 {
+            self.buffers.starts.push(start);
+            self.buffers.held.get_mut().push(Some(b));
         }
+        w::Span { start, len }
     }
 
     fn to_wit(&mut self, v: change::Value) -> w::Value {
@@ -168,9 +203,9 @@ impl Values {
             V::Int8(i) => w::Value::Int8(i),
             V::Float4(f) => w::Value::Float4(f),
             V::Float8(f) => w::Value::Float8(f),
-            V::Numeric(s) => w::Value::Numeric(self.bytes(s.as_bytes())),
-            V::Text(s) => w::Value::Text(self.bytes(s.as_bytes())),
-            V::Bytes(b) => w::Value::Bytes(self.bytes(&b)),
+            V::Numeric(s) => w::Value::Numeric(self.bytes(s.into_bytes())),
+            V::Text(s) => w::Value::Text(self.bytes(s.into_bytes())),
+            V::Bytes(b) => w::Value::Bytes(self.bytes(b)),
             V::Date(d) => w::Value::Date(d),
             V::Time(t) => w::Value::Time(t),
             V::Timestamp(t) => w::Value::Timestamp(t),
@@ -179,10 +214,10 @@ impl Values {
                 let n = u128::from_be_bytes(u);
                 w::Value::Uuid(((n >> 64) as u64, n as u64))
             }
-            V::Json(s) => w::Value::Json(self.bytes(s.as_bytes())),
+            V::Json(s) => w::Value::Json(self.bytes(s.into_bytes())),
             V::Other { type_oid, text } => w::Value::Other(w::OtherValue {
                 type_oid,
-                text: self.bytes(text.as_bytes()),
+                text: self.bytes(text.into_bytes()),
             }),
             V::Unchanged => w::Value::Unchanged,
         }
@@ -194,6 +229,8 @@ impl Values {
 pub(super) struct Data<'a> {
     pub(super) input: &'a [u8],
     pub(super) output: &'a [u8],
+    /// The input's buffers, when outputs may take them.
+    pub(super) buffers: Option<&'a Buffers>,
 }
 
 impl<'a> Data<'a> {
@@ -218,10 +255,23 @@ impl<'a> Data<'a> {
     }
 
     fn text(&self, s: w::Span) -> Result<String, String> {
-        let b = self.bytes(s)?;
-        std::str::from_utf8(b)
-            .map(str::to_owned)
-            .map_err(|e| format!("data span {}+{} is not UTF-8 text: {e}", s.start, s.len))
+        let not_utf8 = |e: std::str::Utf8Error| {
+            format!("data span {}+{} is not UTF-8 text: {e}", s.start, s.len)
+        };
+        match self.buffers.and_then(|b| b.take(s)) {
+            // Validated again: a guest may point a text value at what was a bytea.
+            Some(b) => String::from_utf8(b).map_err(|e| not_utf8(e.utf8_error())),
+            None => std::str::from_utf8(self.bytes(s)?)
+                .map(str::to_owned)
+                .map_err(not_utf8),
+        }
+    }
+
+    fn byte_string(&self, s: w::Span) -> Result<Vec<u8>, String> {
+        match self.buffers.and_then(|b| b.take(s)) {
+            Some(b) => Ok(b),
+            None => Ok(self.bytes(s)?.to_vec()),
+        }
     }
 
     /// The bytes `v` refers to in `data`, unchecked (for size accounting).
@@ -248,7 +298,7 @@ impl<'a> Data<'a> {
             w::Value::Float8(f) => V::Float8(f),
             w::Value::Numeric(s) => V::Numeric(self.text(s)?),
             w::Value::Text(s) => V::Text(self.text(s)?),
-            w::Value::Bytes(s) => V::Bytes(self.bytes(s)?.to_vec()),
+            w::Value::Bytes(s) => V::Bytes(self.byte_string(s)?),
             w::Value::Date(d) => V::Date(d),
             w::Value::Time(t) => V::Time(t),
             w::Value::Timestamp(t) => V::Timestamp(t),

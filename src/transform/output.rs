@@ -89,6 +89,7 @@ pub(crate) fn check_output(
     let data = Data {
         input: &input.wit.data,
         output: &out.data,
+        buffers: Some(&input.buffers),
     };
     let mut bytes = 0u64;
     let mut outputs = Vec::with_capacity(out.changes.len());
@@ -352,7 +353,12 @@ mod tests {
     #[test]
     fn spans_address_the_input_data_then_the_output_data() {
         let t = users();
-        let input = InputBatch::new(vec![insert(&t, 1, 1, "ann@x"), insert(&t, 2, 2, "bo@y")]);
+        let first = insert(&t, 1, 1, "ann@x");
+        let Value::Text(ann) = &first.values[1] else {
+            unreachable!()
+        };
+        let ann_buffer = ann.as_ptr();
+        let input = InputBatch::new(vec![first, insert(&t, 2, 2, "bo@y")]);
         let mut out = echo(&input);
         // Mask the second email: new bytes after the input's 9, the first email passed through.
         out.data = b"b***@y".to_vec();
@@ -367,6 +373,11 @@ mod tests {
             emails,
             [Value::Text("ann@x".into()), Value::Text("b***@y".into())]
         );
+        // The passed-through email is the input's own buffer, handed back, not a copy.
+        let Value::Text(ann) = &checked.outputs[0].1.values[1] else {
+            unreachable!()
+        };
+        assert_eq!(ann.as_ptr(), ann_buffer);
     }
 
     #[test]
