@@ -11,7 +11,7 @@
 //!
 //! Outputs are checked and converted back in [`super::output`].
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -154,12 +154,36 @@ pub(super) struct Buffers {
     starts: Vec<u32>,
     /// The buffer at `starts[i]`, until an output takes it. A `RefCell` because outputs are
     /// resolved through `&InputBatch`; one thread owns a batch.
-    held: RefCell<Vec<Option<Vec<u8>>>>,
+    held: RefCell<Vec<Option<Buffer>>>,
+    /// Where the next lookup starts.
+    next: Cell<usize>,
+}
+
+/// An input buffer as it came: a `String` goes back as one without being validated again.
+enum Buffer {
+    Text(String),
+    Bytes(Vec<u8>),
+}
+
+impl Buffer {
+    fn len(&self) -> usize {
+        match self {
+            Buffer::Text(s) => s.len(),
+            Buffer::Bytes(b) => b.len(),
+        }
+    }
 }
 
 impl Buffers {
-    fn take(&self, s: w::Span) -> Option<Vec<u8>> {
-        let i = self.starts.binary_search(&s.start).ok()?;
+    fn take(&self, s: w::Span) -> Option<Buffer> {
+        // Outputs mostly come in input order: try the entry after the last one taken first.
+        let next = self.next.get();
+        let i = if self.starts.get(next) == Some(&s.start) {
+            next
+        } else {
+            self.starts.binary_search(&s.start).ok()?
+        };
+        self.next.set(i + 1);
         let mut held = self.held.borrow_mut();
         match &held[i] {
             Some(b) if b.len() == s.len as usize => held[i].take(),
@@ -172,7 +196,7 @@ impl Values {
     fn push_all(&mut self, vs: Vec<change::Value>) -> w::Span {
         let start = self.values.len() as u32;
         for v in vs {
-            let wv = self.to_wit(v);
+            let wv = self.lay_out(v);
             self.values.push(wv);
         }
         w::Span {
@@ -182,9 +206,12 @@ impl Values {
     }
 
     /// Copies `b` into `data`, keeping `b` itself for an output to take back.
-    fn bytes(&mut self, b: Vec<u8>) -> w::Span {
+    fn keep(&mut self, b: Buffer) -> w::Span {
         let start = self.data.len() as u32;
-        self.data.extend_from_slice(&b);
+        self.data.extend_from_slice(match &b {
+            Buffer::Text(s) => s.as_bytes(),
+            Buffer::Bytes(b) => b,
+        });
         let len = b.len() as u32;
         if len > 0 {
             self.buffers.starts.push(start);
@@ -193,7 +220,12 @@ impl Values {
         w::Span { start, len }
     }
 
-    fn to_wit(&mut self, v: change::Value) -> w::Value {
+    fn text(&mut self, s: String) -> w::Span {
+        self.keep(Buffer::Text(s))
+    }
+
+    /// `v` in WIT form, its string or bytes moved to the buffers and copied into `data`.
+    fn lay_out(&mut self, v: change::Value) -> w::Value {
         use change::Value as V;
         match v {
             V::Null => w::Value::Null,
@@ -203,9 +235,9 @@ impl Values {
             V::Int8(i) => w::Value::Int8(i),
             V::Float4(f) => w::Value::Float4(f),
             V::Float8(f) => w::Value::Float8(f),
-            V::Numeric(s) => w::Value::Numeric(self.bytes(s.into_bytes())),
-            V::Text(s) => w::Value::Text(self.bytes(s.into_bytes())),
-            V::Bytes(b) => w::Value::Bytes(self.bytes(b)),
+            V::Numeric(s) => w::Value::Numeric(self.text(s)),
+            V::Text(s) => w::Value::Text(self.text(s)),
+            V::Bytes(b) => w::Value::Bytes(self.keep(Buffer::Bytes(b))),
             V::Date(d) => w::Value::Date(d),
             V::Time(t) => w::Value::Time(t),
             V::Timestamp(t) => w::Value::Timestamp(t),
@@ -214,10 +246,10 @@ impl Values {
                 let n = u128::from_be_bytes(u);
                 w::Value::Uuid(((n >> 64) as u64, n as u64))
             }
-            V::Json(s) => w::Value::Json(self.bytes(s.into_bytes())),
+            V::Json(s) => w::Value::Json(self.text(s)),
             V::Other { type_oid, text } => w::Value::Other(w::OtherValue {
                 type_oid,
-                text: self.bytes(text.into_bytes()),
+                text: self.text(text),
             }),
             V::Unchanged => w::Value::Unchanged,
         }
@@ -259,8 +291,9 @@ impl<'a> Data<'a> {
             format!("data span {}+{} is not UTF-8 text: {e}", s.start, s.len)
         };
         match self.buffers.and_then(|b| b.take(s)) {
-            // Validated again: a guest may point a text value at what was a bytea.
-            Some(b) => String::from_utf8(b).map_err(|e| not_utf8(e.utf8_error())),
+            Some(Buffer::Text(s)) => Ok(s),
+            // A guest may point a text value at what was a bytea.
+            Some(Buffer::Bytes(b)) => String::from_utf8(b).map_err(|e| not_utf8(e.utf8_error())),
             None => std::str::from_utf8(self.bytes(s)?)
                 .map(str::to_owned)
                 .map_err(not_utf8),
@@ -269,7 +302,8 @@ impl<'a> Data<'a> {
 
     fn byte_string(&self, s: w::Span) -> Result<Vec<u8>, String> {
         match self.buffers.and_then(|b| b.take(s)) {
-            Some(b) => Ok(b),
+            Some(Buffer::Text(s)) => Ok(s.into_bytes()),
+            Some(Buffer::Bytes(b)) => Ok(b),
             None => Ok(self.bytes(s)?.to_vec()),
         }
     }

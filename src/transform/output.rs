@@ -121,7 +121,11 @@ pub(crate) fn check_output(
             ));
         }
         let resolve = |vs: &[w::Value]| -> Result<Vec<change::Value>, String> {
-            vs.iter().map(|v| data.value(v)).collect()
+            let mut out = Vec::with_capacity(vs.len());
+            for v in vs {
+                out.push(data.value(v)?);
+            }
+            Ok(out)
         };
         let values = match op {
             // The contract says a delete's values are empty; tolerate a guest that sends them.
@@ -254,9 +258,9 @@ mod tests {
         copy.name = "users_copy".into();
         out.tables.push(copy);
         // Outputs of input 1 first, then two of input 0: the host restores input order.
-        let mut c1 = out.changes[0].clone();
+        let mut c1 = out.changes[0];
         c1.table = 1;
-        out.changes = vec![out.changes[1].clone(), out.changes[0].clone(), c1];
+        out.changes = vec![out.changes[1], out.changes[0], c1];
         let mut cache = TableCache::default();
         let checked = check_output(out.clone(), &input, &mut cache, u64::MAX).unwrap();
         let got: Vec<(usize, u32, String)> = checked
