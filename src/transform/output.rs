@@ -120,8 +120,8 @@ pub(crate) fn check_output(
                 "output exceeds the limit of {max_bytes} bytes (limits.output) at output change #{n}"
             ));
         }
-        let resolve = |vs: &[w::Value]| -> Result<Vec<change::Value>, String> {
-            let mut out = Vec::with_capacity(vs.len());
+        let resolve = |vs: &[w::Value], key: bool| -> Result<Vec<change::Value>, String> {
+            let mut out = input.spare.list(vs.len(), key);
             for v in vs {
                 out.push(data.value(v)?);
             }
@@ -130,7 +130,7 @@ pub(crate) fn check_output(
         let values = match op {
             // The contract says a delete's values are empty; tolerate a guest that sends them.
             Op::Delete | Op::Truncate => Vec::new(),
-            _ => resolve(spans.values).map_err(blame)?,
+            _ => resolve(spans.values, false).map_err(blame)?,
         };
         outputs.push((
             input_index,
@@ -138,8 +138,12 @@ pub(crate) fn check_output(
                 position: input.positions[input_index],
                 op,
                 table: table.clone(),
-                key: resolve(spans.key).map_err(blame)?,
-                old_key: spans.old_key.map(resolve).transpose().map_err(blame)?,
+                key: resolve(spans.key, true).map_err(blame)?,
+                old_key: spans
+                    .old_key
+                    .map(|k| resolve(k, true))
+                    .transpose()
+                    .map_err(blame)?,
                 values,
             },
         ));
