@@ -340,17 +340,6 @@ impl<'a> Data<'a> {
         }
     }
 
-    /// The bytes `v` refers to in `data`, unchecked (for size accounting).
-    pub(super) fn len_of(&self, v: &w::Value) -> u64 {
-        match v {
-            w::Value::Numeric(s) | w::Value::Text(s) | w::Value::Bytes(s) | w::Value::Json(s) => {
-                u64::from(s.len)
-            }
-            w::Value::Other(o) => u64::from(o.text.len),
-            _ => 0,
-        }
-    }
-
     /// The value `v`, its spans resolved.
     pub(super) fn value(&self, v: &w::Value) -> Result<change::Value, String> {
         use change::Value as V;

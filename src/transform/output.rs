@@ -2,7 +2,8 @@
 //!
 //! Every change is checked before it can reach a lane (table index in range, value and data
 //! spans in range and text spans UTF-8, as many values as columns, as many key values as key
-//! columns, a position some input had, `unchanged` only in updates), its size counted against the output limit, and output tables are turned back into
+//! columns, a position some input had, `unchanged` only in updates), its size counted against
+//! the output limit, and output tables are turned back into
 //! `Arc<Table>`s — the input's own `Arc` when the guest returned the shape as is, or one shared
 //! `Arc` per distinct new shape (cached across batches), so lanes and sinks keep seeing one
 //! table object per shape. Outputs are put back in input order (stably: a guest's order among
@@ -114,7 +115,7 @@ pub(crate) fn check_output(
         let blame = |m: String| format!("{} ({}): {m}", what(), table.qualified_name());
         let spans = Spans::of(&out.values, c).map_err(blame)?;
         check_shape(table, op, &spans).map_err(blame)?;
-        bytes += 64 + spans.size(data);
+        bytes += 64 + spans.size();
         if bytes > max_bytes {
             return Err(format!(
                 "output exceeds the limit of {max_bytes} bytes (limits.output) at output change #{n}"
@@ -192,13 +193,24 @@ impl<'a> Spans<'a> {
     }
 
     /// What the change costs against `limits.output`: a fixed part per value plus its bytes.
-    fn size(&self, data: Data<'_>) -> u64 {
+    fn size(&self) -> u64 {
         let all = self
             .key
             .iter()
             .chain(self.values)
             .chain(self.old_key.unwrap_or(&[]));
-        all.map(|v| 16 + data.len_of(v)).sum()
+        all.map(|v| 16 + data_len(v)).sum()
+    }
+}
+
+/// The bytes `v` refers to in `data` (its span's length; checked when it is resolved).
+fn data_len(v: &w::Value) -> u64 {
+    match v {
+        w::Value::Numeric(s) | w::Value::Text(s) | w::Value::Bytes(s) | w::Value::Json(s) => {
+            u64::from(s.len)
+        }
+        w::Value::Other(o) => u64::from(o.text.len),
+        _ => 0,
     }
 }
 
