@@ -17,18 +17,26 @@ use std::sync::Arc;
 
 use crate::change::{self, Change, Lsn, Op, Position};
 
-wasmtime::component::bindgen!({
-    path: "wit",
-    world: "transform",
-    additional_derives: [PartialEq],
-});
+/// What `bindgen!` makes of `wit/`. The `transform` export is called through [`super::abi`]'s
+/// types instead of the generated `call_transform` (see there why).
+pub(super) mod generated {
+    wasmtime::component::bindgen!({
+        path: "wit",
+        world: "transform",
+        additional_derives: [PartialEq],
+    });
+}
 
-pub(crate) use zipline::transform::host::Level;
-use zipline::transform::types as w;
+use super::abi as w;
+pub(super) use super::abi::{Batch, Output};
+pub(crate) use generated::zipline::transform::host::Level;
+pub(super) use generated::{Transform, TransformPre, zipline::transform::host::Host};
 
 /// A batch in WIT form plus what is needed to map outputs back to inputs.
 pub(crate) struct InputBatch {
-    pub(crate) wit: Batch,
+    /// Shared with the call that lowers it (a typed function's parameter must own or `'static`-
+    /// borrow it); read afterwards to resolve the output.
+    pub(crate) wit: Arc<Batch>,
     /// `wit.tables[i]` came from `tables[i]`.
     pub(crate) tables: Vec<Arc<change::Table>>,
     /// Input positions, strictly increasing (the source's order).
@@ -103,12 +111,12 @@ impl InputBatch {
             });
         }
         InputBatch {
-            wit: Batch {
+            wit: Arc::new(Batch {
                 tables: wit_tables,
                 data: values.data,
                 values: values.values,
                 changes: wit_changes,
-            },
+            }),
             tables,
             positions,
             buffers: values.buffers,

@@ -24,8 +24,8 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{HostMonotonicClock, HostWallClock, WasiCtx, WasiCtxView, WasiView};
 
+use super::bindings::Host;
 use super::bindings::Level;
-use super::bindings::zipline::transform::host::Host;
 
 /// Most log lines (host `log` calls plus stdout/stderr lines) kept per call.
 pub(crate) const MAX_LINES_PER_CALL: usize = 100;
@@ -144,7 +144,7 @@ impl Host for HostState {
 }
 
 /// `zipline:transform/types` has types only; the generated trait has no methods.
-impl super::bindings::zipline::transform::types::Host for HostState {}
+impl super::bindings::generated::zipline::transform::types::Host for HostState {}
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {

@@ -15,6 +15,8 @@
 //! - [`host`]: a store's state — memory limiter, an empty WASI context (the sandbox), guest
 //!   logs and stdout/stderr into tracing;
 //! - [`bindings`]: `bindgen!` types and the `Change` ↔ WIT conversions, with output checks;
+//!   [`abi`]: the batch's `values` and `changes` lists written and read in the canonical ABI by
+//!   hand, a list at a time;
 //! - [`runner`]: one instance: `init`, then `transform` calls under the limits;
 //! - [`policy`]: [`Transformer`], restarts after traps, blame isolation, `on_error`;
 //! - [`dead_letter`] and [`json`]: the dead-letter file and the change JSON format.
@@ -25,6 +27,7 @@
 
 use crate::error::{Classify, ErrorClass};
 
+mod abi;
 mod bindings;
 mod cache;
 mod dead_letter;

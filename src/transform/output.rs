@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::bindings::zipline::transform::types as w;
+use super::abi as w;
 use super::bindings::{Data, InputBatch, Output, lsn_of, op_from_wit, table_from_wit};
 use crate::change::{self, Change, Op, Position};
 /// The outcome of one successful call, checked.

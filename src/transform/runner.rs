@@ -9,9 +9,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use wasmtime::component::TypedFunc;
 use wasmtime::{Store, Trap};
 
-use super::bindings::{InputBatch, Transform};
+use super::bindings::{Batch, InputBatch, Output, Transform};
 use super::engine::{Module, TICK};
 use super::host::{HostState, LogTags};
 use super::output::{Checked, TableCache, check_output};
@@ -26,9 +27,13 @@ pub(crate) struct Failure {
     pub(crate) broken: bool,
 }
 
+/// The `transform` export, typed with [`super::abi`]'s hand-lowered lists.
+type TransformFunc = TypedFunc<(Arc<Batch>,), (Result<Output, String>,)>;
+
 pub(crate) struct Instance {
     store: Store<HostState>,
     bindings: Transform,
+    transform: TransformFunc,
     limits: TransformLimits,
 }
 
@@ -48,7 +53,16 @@ impl Instance {
         store.limiter(|s| &mut s.limiter);
         store.set_epoch_deadline(deadline_ticks(limits.timeout));
         store.epoch_deadline_trap();
-        let bindings = match module.pre.instantiate(&mut store) {
+        let linked = module
+            .pre
+            .instance_pre()
+            .instantiate(&mut store)
+            .and_then(|instance| {
+                let bindings = Transform::new(&mut store, &instance)?;
+                let transform = instance.get_typed_func(&mut store, "transform")?;
+                Ok((bindings, transform))
+            });
+        let (bindings, transform) = match linked {
             Ok(b) => b,
             Err(e) => {
                 let why = describe(&e, &mut store, limits.timeout);
@@ -59,6 +73,7 @@ impl Instance {
         let mut inst = Instance {
             store,
             bindings,
+            transform,
             limits,
         };
         let result = inst.bindings.call_init(&mut inst.store, config);
@@ -82,7 +97,10 @@ impl Instance {
         self.store
             .set_epoch_deadline(deadline_ticks(self.limits.timeout));
         self.store.data_mut().take_last_error_log();
-        let result = self.bindings.call_transform(&mut self.store, &input.wit);
+        let result = self
+            .transform
+            .call(&mut self.store, (Arc::clone(&input.wit),))
+            .map(|(r,)| r);
         self.store.data_mut().end_call();
         match result {
             Ok(Ok(output)) => {
