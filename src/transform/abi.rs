@@ -45,7 +45,7 @@ pub(crate) use generated::{ChangeError, Column, Op, OtherValue, Position, Span, 
 pub(crate) struct Batch {
     pub(crate) tables: Vec<Table>,
     pub(crate) data: Vec<u8>,
-    pub(crate) values: Vec<Value>,
+    pub(crate) values: Vec<Packed>,
     pub(crate) changes: Vec<Change>,
 }
 
@@ -55,7 +55,7 @@ pub(crate) struct Batch {
 pub(crate) struct Output {
     pub(crate) tables: Vec<Table>,
     pub(crate) data: Vec<u8>,
-    pub(crate) values: Vec<Value>,
+    pub(crate) values: Vec<Packed>,
     pub(crate) changes: Vec<Change>,
     pub(crate) errors: Vec<ChangeError>,
 }
@@ -165,7 +165,6 @@ impl From<generated::Change> for Change {
 // `value`: a u8 discriminant (18 cases), then the payload at 8 (the widest case, `uuid`, is
 // two u64s): 24 bytes, aligned to 8.
 const VALUE_SIZE: usize = 24;
-const PAYLOAD: usize = 8;
 // `change`: table u32 @0, op u8 @4, position {u64 @8, u64 @16, u32 @24} (24 bytes, align 8),
 // key span @32, old-key option<span> {u8 @40, span @44}, values span @52: 60 bytes, rounded
 // up to the alignment of 8.
@@ -182,9 +181,9 @@ const _: () = {
 };
 
 /// Little-endian writes and reads at fixed offsets of one element's bytes.
-struct Bytes<'a>(&'a mut [u8]);
+struct Writer<'a>(&'a mut [u8]);
 
-impl Bytes<'_> {
+impl Writer<'_> {
     fn put(&mut self, at: usize, b: &[u8]) {
         self.0[at..at + b.len()].copy_from_slice(b);
     }
@@ -212,115 +211,136 @@ fn span_at(b: &[u8], at: usize) -> Span {
     }
 }
 
-impl Value {
-    fn write(&self, dst: &mut [u8]) {
-        let mut d = Bytes(dst);
-        let p = PAYLOAD;
-        let case: u8 = match *self {
-            Value::Null => 0,
-            Value::Boolean(b) => {
-                d.put(p, &[u8::from(b)]);
-                1
-            }
-            Value::Int2(i) => {
-                d.put(p, &i.to_le_bytes());
-                2
-            }
-            Value::Int4(i) => {
-                d.put(p, &i.to_le_bytes());
-                3
-            }
-            Value::Int8(i) => {
-                d.put(p, &i.to_le_bytes());
-                4
-            }
-            Value::Float4(f) => {
-                d.put(p, &f.to_bits().to_le_bytes());
-                5
-            }
-            Value::Float8(f) => {
-                d.put(p, &f.to_bits().to_le_bytes());
-                6
-            }
-            Value::Numeric(s) => {
-                d.span(p, s);
-                7
-            }
-            Value::Text(s) => {
-                d.span(p, s);
-                8
-            }
-            Value::Bytes(s) => {
-                d.span(p, s);
-                9
-            }
-            Value::Date(i) => {
-                d.put(p, &i.to_le_bytes());
-                10
-            }
-            Value::Time(t) => {
-                d.put(p, &t.to_le_bytes());
-                11
-            }
-            Value::Timestamp(t) => {
-                d.put(p, &t.to_le_bytes());
-                12
-            }
-            Value::Timestamptz(t) => {
-                d.put(p, &t.to_le_bytes());
-                13
-            }
-            Value::Uuid((hi, lo)) => {
-                d.put(p, &hi.to_le_bytes());
-                d.put(p + 8, &lo.to_le_bytes());
-                14
-            }
-            Value::Json(s) => {
-                d.span(p, s);
-                15
-            }
-            Value::Other(o) => {
-                d.put(p, &o.type_oid.to_le_bytes());
-                d.span(p + 4, o.text);
-                16
-            }
-            Value::Unchanged => 17,
+/// A `value` as the host keeps it for a call: its canonical-ABI form, the 24 bytes a guest
+/// reads and writes, as three little-endian words (the discriminant in the low byte of the
+/// first, the payload from the second on). Lowering a list of them is a copy, and lifting
+/// one is three loads and a range check: a decoded enum returned through wasmtime's
+/// per-element loop was stored bytewise and reloaded wordwise, a store-forwarding stall per
+/// value. [`Packed::get`] decodes; bytes a case does not use are ignored, as the ABI says.
+#[derive(Clone, Copy)]
+pub(crate) struct Packed([u64; 3]);
+
+const CASES: u64 = 18;
+
+impl Packed {
+    pub(crate) fn new(v: Value) -> Packed {
+        let span = |s: Span| u64::from(s.start) | (u64::from(s.len) << 32);
+        let (case, a, b) = match v {
+            Value::Null => (0, 0, 0),
+            Value::Boolean(x) => (1, u64::from(x), 0),
+            Value::Int2(i) => (2, u64::from(i as u16), 0),
+            Value::Int4(i) => (3, u64::from(i as u32), 0),
+            Value::Int8(i) => (4, i as u64, 0),
+            Value::Float4(f) => (5, u64::from(f.to_bits()), 0),
+            Value::Float8(f) => (6, f.to_bits(), 0),
+            Value::Numeric(s) => (7, span(s), 0),
+            Value::Text(s) => (8, span(s), 0),
+            Value::Bytes(s) => (9, span(s), 0),
+            Value::Date(d) => (10, u64::from(d as u32), 0),
+            Value::Time(t) => (11, t as u64, 0),
+            Value::Timestamp(t) => (12, t as u64, 0),
+            Value::Timestamptz(t) => (13, t as u64, 0),
+            Value::Uuid((hi, lo)) => (14, hi, lo),
+            Value::Json(s) => (15, span(s), 0),
+            Value::Other(o) => (
+                16,
+                u64::from(o.type_oid) | (u64::from(o.text.start) << 32),
+                u64::from(o.text.len),
+            ),
+            Value::Unchanged => (17, 0, 0),
         };
-        d.0[0] = case;
+        Packed([case, a, b])
     }
 
-    fn read(b: &[u8]) -> Result<Value> {
-        let p = PAYLOAD;
-        Ok(match b[0] {
+    pub(crate) fn get(self) -> Value {
+        let [case, a, b] = self.0;
+        let span = Span {
+            start: a as u32,
+            len: (a >> 32) as u32,
+        };
+        match case as u8 {
             0 => Value::Null,
-            1 => Value::Boolean(b[p] != 0),
-            2 => Value::Int2(i16::from_le_bytes(get(b, p))),
-            3 => Value::Int4(i32::from_le_bytes(get(b, p))),
-            4 => Value::Int8(i64::from_le_bytes(get(b, p))),
-            5 => Value::Float4(f32::from_bits(u32_at(b, p))),
-            6 => Value::Float8(f64::from_bits(u64_at(b, p))),
-            7 => Value::Numeric(span_at(b, p)),
-            8 => Value::Text(span_at(b, p)),
-            9 => Value::Bytes(span_at(b, p)),
-            10 => Value::Date(i32::from_le_bytes(get(b, p))),
-            11 => Value::Time(i64::from_le_bytes(get(b, p))),
-            12 => Value::Timestamp(i64::from_le_bytes(get(b, p))),
-            13 => Value::Timestamptz(i64::from_le_bytes(get(b, p))),
-            14 => Value::Uuid((u64_at(b, p), u64_at(b, p + 8))),
-            15 => Value::Json(span_at(b, p)),
+            1 => Value::Boolean(a as u8 != 0),
+            2 => Value::Int2(a as u16 as i16),
+            3 => Value::Int4(a as u32 as i32),
+            4 => Value::Int8(a as i64),
+            5 => Value::Float4(f32::from_bits(a as u32)),
+            6 => Value::Float8(f64::from_bits(a)),
+            7 => Value::Numeric(span),
+            8 => Value::Text(span),
+            9 => Value::Bytes(span),
+            10 => Value::Date(a as u32 as i32),
+            11 => Value::Time(a as i64),
+            12 => Value::Timestamp(a as i64),
+            13 => Value::Timestamptz(a as i64),
+            14 => Value::Uuid((a, b)),
+            15 => Value::Json(span),
             16 => Value::Other(OtherValue {
-                type_oid: u32_at(b, p),
-                text: span_at(b, p + 4),
+                type_oid: a as u32,
+                text: Span {
+                    start: (a >> 32) as u32,
+                    len: b as u32,
+                },
             }),
-            17 => Value::Unchanged,
-            n => bail!("invalid `value` discriminant {n}"),
-        })
+            // 17, and nothing else: `read` refused the rest.
+            _ => Value::Unchanged,
+        }
+    }
+
+    pub(crate) fn is_unchanged(self) -> bool {
+        self.0[0] as u8 == 17
+    }
+
+    fn write(&self, dst: &mut [u8]) {
+        for (d, w) in dst.chunks_exact_mut(8).zip(self.0) {
+            d.copy_from_slice(&w.to_le_bytes());
+        }
+    }
+
+    fn read(b: &[u8]) -> Result<Packed> {
+        let p = Packed([u64_at(b, 0), u64_at(b, 8), u64_at(b, 16)]);
+        let case = u64::from(p.0[0] as u8);
+        if case >= CASES {
+            bail!("invalid `value` discriminant {case}");
+        }
+        Ok(p)
+    }
+}
+
+impl From<Value> for Packed {
+    fn from(v: Value) -> Packed {
+        Packed::new(v)
+    }
+}
+
+impl From<Packed> for generated::Value {
+    fn from(p: Packed) -> Self {
+        p.get().into()
+    }
+}
+
+impl From<generated::Value> for Packed {
+    fn from(v: generated::Value) -> Self {
+        Packed::new(v.into())
+    }
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+/// Equal when they decode equal: the bytes a case leaves unused may differ.
+impl PartialEq for Packed {
+    fn eq(&self, other: &Packed) -> bool {
+        self.get() == other.get()
     }
 }
 
 impl Change {
     fn write(&self, dst: &mut [u8]) {
-        let mut d = Bytes(dst);
+        let mut d = Writer(dst);
         d.put(0, &self.table.to_le_bytes());
         d.0[4] = match self.op {
             Op::Insert => 0,
@@ -442,7 +462,7 @@ macro_rules! by_hand {
     };
 }
 
-by_hand!(Value, generated::Value, VALUE_SIZE);
+by_hand!(Packed, generated::Value, VALUE_SIZE);
 by_hand!(Change, generated::Change, CHANGE_SIZE);
 
 #[cfg(test)]
@@ -484,11 +504,33 @@ mod tests {
     fn values_read_back_as_written() {
         for v in every_value() {
             let mut b = [0xAA; VALUE_SIZE];
-            v.write(&mut b);
-            let back = Value::read(&b).expect("a written value reads");
+            Packed::new(v).write(&mut b);
+            let back = Packed::read(&b).expect("a written value reads").get();
             // NaN != NaN: compare bits.
             assert_eq!(format!("{back:?}"), format!("{v:?}"));
         }
+    }
+
+    #[test]
+    fn bytes_a_case_does_not_use_are_ignored() {
+        // As a guest may leave them: whatever its allocator's memory held.
+        let mut b = [0xAA; VALUE_SIZE];
+        b[0] = 2;
+        b[8..10].copy_from_slice(&(-3i16).to_le_bytes());
+        assert_eq!(Packed::read(&b).unwrap().get(), Value::Int2(-3));
+        b[0] = 1;
+        b[8] = 2;
+        assert_eq!(Packed::read(&b).unwrap().get(), Value::Boolean(true));
+        b[0] = 17;
+        assert!(Packed::read(&b).unwrap().is_unchanged());
+        b[0] = 10;
+        b[8..12].copy_from_slice(&(-719_162i32).to_le_bytes());
+        assert_eq!(Packed::read(&b).unwrap().get(), Value::Date(-719_162));
+        b[0] = 16;
+        b[8..20].copy_from_slice(&[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0]);
+        let text = Span { start: 2, len: 3 };
+        let other = Value::Other(OtherValue { type_oid: 1, text });
+        assert_eq!(Packed::read(&b).unwrap().get(), other);
     }
 
     #[test]
@@ -521,7 +563,9 @@ mod tests {
     fn bad_discriminants_are_errors() {
         let mut b = [0; VALUE_SIZE];
         b[0] = 18;
-        let e = Value::read(&b).expect_err("18 is past the last case");
+        // Only the low byte is the discriminant; the rest of the word is padding.
+        b[1] = 0xff;
+        let e = Packed::read(&b).expect_err("18 is past the last case");
         assert!(
             e.to_string().contains("invalid `value` discriminant 18"),
             "{e}"
@@ -538,7 +582,7 @@ mod tests {
     #[test]
     fn generated_conversions_keep_every_case() {
         for v in every_value() {
-            let back = Value::from(generated::Value::from(v));
+            let back = Packed::from(generated::Value::from(Packed::new(v))).get();
             assert_eq!(format!("{back:?}"), format!("{v:?}"));
         }
     }

@@ -140,7 +140,7 @@ impl InputBatch {
             self.wit.values[s.start as usize..(s.start + s.len) as usize]
                 .iter()
                 .map(|v| {
-                    data.value(v)
+                    data.value(v.get())
                         .unwrap_or_else(|e| unreachable!("the host's own input: {e}"))
                 })
                 .collect()
@@ -170,7 +170,7 @@ impl InputBatch {
 
 /// The flat `values` list and `data` buffer of a batch being built.
 struct Values {
-    values: Vec<w::Value>,
+    values: Vec<w::Packed>,
     data: Vec<u8>,
     buffers: Buffers,
     spare: Spare,
@@ -229,7 +229,7 @@ impl Values {
         let start = self.values.len() as u32;
         for v in vs.drain(..) {
             let wv = self.lay_out(v);
-            self.values.push(wv);
+            self.values.push(w::Packed::new(wv));
         }
         if vs.capacity() > 0 {
             let pool = if key {
@@ -349,9 +349,9 @@ impl<'a> Data<'a> {
     }
 
     /// The value `v`, its spans resolved.
-    pub(super) fn value(&self, v: &w::Value) -> Result<change::Value, String> {
+    pub(super) fn value(&self, v: w::Value) -> Result<change::Value, String> {
         use change::Value as V;
-        Ok(match *v {
+        Ok(match v {
             w::Value::Null => V::Null,
             w::Value::Boolean(b) => V::Bool(b),
             w::Value::Int2(i) => V::Int2(i),
@@ -556,7 +556,7 @@ pub(crate) mod tests {
         assert_eq!((wc.key.start, wc.key.len), (0, 1));
         assert_eq!(wc.old_key.map(|s| (s.start, s.len)), Some((1, 1)));
         assert_eq!((wc.values.start, wc.values.len), (2, zoo.len() as u32));
-        let w::Value::Uuid((hi, _)) = input.wit.values[2] else {
+        let w::Value::Uuid((hi, _)) = input.wit.values[2].get() else {
             panic!("{:?}", input.wit.values[2])
         };
         assert_eq!(hi.to_be_bytes(), u[..8]);

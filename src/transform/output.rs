@@ -121,10 +121,10 @@ pub(crate) fn check_output(
                 "output exceeds the limit of {max_bytes} bytes (limits.output) at output change #{n}"
             ));
         }
-        let resolve = |vs: &[w::Value], key: bool| -> Result<Vec<change::Value>, String> {
+        let resolve = |vs: &[w::Packed], key: bool| -> Result<Vec<change::Value>, String> {
             let mut out = input.spare.list(vs.len(), key);
             for v in vs {
-                out.push(data.value(v)?);
+                out.push(data.value(v.get())?);
             }
             Ok(out)
         };
@@ -169,13 +169,13 @@ pub(crate) fn check_output(
 
 /// One output change's value spans, resolved against the output's `values`.
 struct Spans<'a> {
-    key: &'a [w::Value],
-    old_key: Option<&'a [w::Value]>,
-    values: &'a [w::Value],
+    key: &'a [w::Packed],
+    old_key: Option<&'a [w::Packed]>,
+    values: &'a [w::Packed],
 }
 
 impl<'a> Spans<'a> {
-    fn of(values: &'a [w::Value], c: &w::Change) -> Result<Self, String> {
+    fn of(values: &'a [w::Packed], c: &w::Change) -> Result<Self, String> {
         let get = |what: &str, s: &w::Span| {
             let (start, len) = (s.start as usize, s.len as usize);
             values.get(start..start + len).ok_or_else(|| {
@@ -199,12 +199,12 @@ impl<'a> Spans<'a> {
             .iter()
             .chain(self.values)
             .chain(self.old_key.unwrap_or(&[]));
-        all.map(|v| 16 + data_len(v)).sum()
+        all.map(|v| 16 + data_len(v.get())).sum()
     }
 }
 
 /// The bytes `v` refers to in `data` (its span's length; checked when it is resolved).
-fn data_len(v: &w::Value) -> u64 {
+fn data_len(v: w::Value) -> u64 {
     match v {
         w::Value::Numeric(s) | w::Value::Text(s) | w::Value::Bytes(s) | w::Value::Json(s) => {
             u64::from(s.len)
@@ -247,13 +247,13 @@ fn check_shape(table: &change::Table, op: Op, c: &Spans<'_>) -> Result<(), Strin
             table.columns.len()
         ));
     }
-    if op != Op::Update && c.values.iter().any(|v| matches!(v, w::Value::Unchanged)) {
+    if op != Op::Update && c.values.iter().any(|v| v.is_unchanged()) {
         return Err(format!(
             "`unchanged` is only allowed in updates, found it in a {}",
             op.as_str()
         ));
     }
-    if c.key.iter().any(|v| matches!(v, w::Value::Unchanged)) {
+    if c.key.iter().any(|v| v.is_unchanged()) {
         return Err("`unchanged` is not allowed in a key".to_owned());
     }
     Ok(())
@@ -325,7 +325,10 @@ mod tests {
             check(&|o| o.changes[0].position.ordinal = 9),
             "output change #0: position 0x00010000000000000001#9 is not the position of any input change"
         );
-        assert!(check(&|o| o.values[2] = w::Value::Unchanged).contains("only allowed in updates"));
+        assert!(
+            check(&|o| o.values[2] = w::Value::Unchanged.into())
+                .contains("only allowed in updates")
+        );
         assert_eq!(
             check(&|o| o.errors.push(w::ChangeError {
                 index: 3,
@@ -339,7 +342,8 @@ mod tests {
                 o.values[2] = w::Value::Text(w::Span {
                     start: 1,
                     len: 20_000,
-                });
+                })
+                .into();
             }),
             "output exceeds the limit of 10000 bytes (limits.output) at output change #0"
         );
@@ -348,8 +352,9 @@ mod tests {
             "output change #0 (public.users): values span 2+2 is out of range (the output has 3 values)"
         );
         // Data spans: the input's data is "x" (1 byte); the output's starts at 1.
-        let text =
-            |o: &mut Output, start, len| o.values[2] = w::Value::Text(w::Span { start, len });
+        let text = |o: &mut Output, start, len| {
+            o.values[2] = w::Value::Text(w::Span { start, len }).into()
+        };
         assert_eq!(
             check(&|o| {
                 o.data = b"yz".to_vec();
@@ -382,7 +387,7 @@ mod tests {
         let mut out = echo(&input);
         // Mask the second email: new bytes after the input's 9, the first email passed through.
         out.data = b"b***@y".to_vec();
-        out.values[5] = w::Value::Text(w::Span { start: 9, len: 6 });
+        out.values[5] = w::Value::Text(w::Span { start: 9, len: 6 }).into();
         let checked = check_output(out, &input, &mut TableCache::default(), u64::MAX).unwrap();
         let emails: Vec<_> = checked
             .outputs
