@@ -137,13 +137,13 @@ impl InputBatch {
             buffers: None,
         };
         let values = |s: w::Span| -> Vec<change::Value> {
-            self.wit.values[s.start as usize..(s.start + s.len) as usize]
-                .iter()
-                .map(|v| {
-                    data.value(v.get())
-                        .unwrap_or_else(|e| unreachable!("the host's own input: {e}"))
-                })
-                .collect()
+            let mut out = Vec::new();
+            data.resolve(
+                &self.wit.values[s.start as usize..(s.start + s.len) as usize],
+                &mut out,
+            )
+            .unwrap_or_else(|e| unreachable!("the host's own input: {e}"));
+            out
         };
         Change {
             position: self.positions[i],
@@ -348,8 +348,23 @@ impl<'a> Data<'a> {
         }
     }
 
-    /// The value `v`, its spans resolved.
-    pub(super) fn value(&self, v: w::Value) -> Result<change::Value, String> {
+    /// Appends the values `vs`, their spans resolved, to `out`.
+    pub(super) fn resolve(
+        &self,
+        vs: &[w::Packed],
+        out: &mut Vec<change::Value>,
+    ) -> Result<(), String> {
+        out.reserve(vs.len());
+        for v in vs {
+            out.push(self.value(v.get())?);
+        }
+        Ok(())
+    }
+
+    /// The value `v`, its spans resolved. Inlined into [`Data::resolve`]'s loop: returned
+    /// through memory, the `Result` was stored in pieces and reloaded whole, a stall per value.
+    #[inline(always)]
+    fn value(&self, v: w::Value) -> Result<change::Value, String> {
         use change::Value as V;
         Ok(match v {
             w::Value::Null => V::Null,

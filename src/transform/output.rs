@@ -123,9 +123,7 @@ pub(crate) fn check_output(
         }
         let resolve = |vs: &[w::Packed], key: bool| -> Result<Vec<change::Value>, String> {
             let mut out = input.spare.list(vs.len(), key);
-            for v in vs {
-                out.push(data.value(v.get())?);
-            }
+            data.resolve(vs, &mut out)?;
             Ok(out)
         };
         let values = match op {
