@@ -246,6 +246,9 @@ impl Values {
     }
 
     /// Copies `b` into `data`, keeping `b` itself for an output to take back.
+    // Inlined for the same reason as `Data::value`: a span returned in two registers was
+    // stored in halves and reloaded as one word.
+    #[inline(always)]
     fn keep(&mut self, b: Buffer) -> w::Span {
         let start = self.data.len() as u32;
         self.data.extend_from_slice(match &b {
@@ -326,6 +329,7 @@ impl<'a> Data<'a> {
         })
     }
 
+    #[inline(always)]
     fn text(&self, s: w::Span) -> Result<String, String> {
         let not_utf8 = |e: std::str::Utf8Error| {
             format!("data span {}+{} is not UTF-8 text: {e}", s.start, s.len)
@@ -340,6 +344,7 @@ impl<'a> Data<'a> {
         }
     }
 
+    #[inline(always)]
     fn byte_string(&self, s: w::Span) -> Result<Vec<u8>, String> {
         match self.buffers.and_then(|b| b.take(s)) {
             Some(Buffer::Text(s)) => Ok(s.into_bytes()),
