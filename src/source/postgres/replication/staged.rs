@@ -11,11 +11,16 @@
 //!
 //! A full batch is handed to the transform's thread and left *in flight* while the next one
 //! is read and decoded; it is replayed just before the next is handed over (so batches are
-//! replayed strictly in order, and at most two are held). Every other flush — the socket
-//! went quiet, a keepalive, a drain — completes everything: the tracker must know every
-//! staged transaction before it may call itself idle, and a quiet socket has no next batch
-//! to overlap with. Batching across transactions is what makes small transactions cheap to
-//! transform; flushing when the socket goes quiet keeps the added latency at one guest call.
+//! replayed strictly in order, and at most two are held).
+//!
+//! When the socket goes quiet, what is staged is handed over too ([`submit_quiet`]), and the
+//! main loop waits for the call ([`done`]) *alongside* the socket: whichever comes first is
+//! served, so a walsender that is momentarily slower than Zipline does not stall the stream
+//! behind a guest call (in a backlog the socket goes quiet between almost every batch). A
+//! keepalive or a drain completes everything ([`flush`]): the tracker must know every staged
+//! transaction before it may call itself idle. Batching across transactions is what makes
+//! small transactions cheap to transform; submitting when the socket goes quiet keeps the
+//! added latency at one guest call.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,7 +38,7 @@ enum Item {
     Change,
 }
 
-type Outputs = Result<Vec<(usize, Change)>, TransformError>;
+pub(super) type Outputs = Result<Vec<(usize, Change)>, TransformError>;
 
 /// A batch handed to the transform whose outputs have not been replayed yet.
 struct InFlight {
@@ -50,11 +55,6 @@ pub(super) struct Staged {
 }
 
 impl Staged {
-    /// True when nothing is staged or in flight.
-    pub(super) fn is_empty(&self) -> bool {
-        self.items.is_empty() && self.in_flight.is_none()
-    }
-
     /// Forget everything (the stream broke: the server resends it all). A call in flight
     /// still runs to its end on the transform's thread; its outputs are dropped.
     pub(super) fn clear(&mut self) {
@@ -134,6 +134,41 @@ fn submit(st: &mut State<'_>) {
     st.staged.in_flight = Some(InFlight { items, call });
 }
 
+/// The socket is quiet: hands what is staged to the transform, unless a call is in flight
+/// (its outputs must be replayed first; [`done`] waits for them).
+pub(super) fn submit_quiet(st: &mut State<'_>) {
+    if st.staged.in_flight.is_none() && !st.staged.items.is_empty() {
+        submit(st);
+    }
+}
+
+/// Whether [`submit_quiet`] has something to do.
+pub(super) fn can_submit(staged: &Staged) -> bool {
+    staged.in_flight.is_none() && !staged.items.is_empty()
+}
+
+/// Resolves when the call in flight has returned (never, when none is); then
+/// [`replay_done`] must be called with what it returned, before anything else is submitted.
+pub(super) async fn done(staged: &mut Staged) -> Outputs {
+    match &mut staged.in_flight {
+        Some(f) => (&mut f.call).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Replays the batch whose call [`done`] saw return `outputs`.
+pub(super) async fn replay_done(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    outputs: Outputs,
+) -> Result<Flow, SourceError> {
+    let Some(InFlight { items, .. }) = st.staged.in_flight.take() else {
+        return Ok(Flow::Continue);
+    };
+    let outputs = outputs.map_err(|e| SourceError::fatal(e.to_string()))?;
+    replay(st, stream, items, outputs).await
+}
+
 /// Waits for the batch in flight (serving acks and status updates meanwhile) and replays
 /// it: markers to the tracker, outputs to the lanes.
 async fn complete_in_flight(
@@ -164,6 +199,16 @@ async fn complete_in_flight(
             _ = st.ticker.tick() => periodic_report(st, stream).await?,
         }
     };
+    replay(st, stream, items, outputs).await
+}
+
+/// A batch's markers to the tracker and outputs to the lanes, in order.
+async fn replay(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    items: Vec<Item>,
+    outputs: Vec<(usize, Change)>,
+) -> Result<Flow, SourceError> {
     let mut outputs = outputs.into_iter().peekable();
     let mut input = 0usize;
     for item in items {
