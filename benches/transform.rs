@@ -13,7 +13,8 @@
 //!
 //! `cargo bench --bench transform` (env: `ZIPLINE_BENCH_CHANGES`, `ZIPLINE_BENCH_BATCHES`,
 //! `ZIPLINE_BENCH_ROUNDS`, `ZIPLINE_BENCH_GUESTS=rust,c,go,python,javascript`,
-//! `ZIPLINE_BENCH_SKIP_PIPELINE=1`). Needs the guests in `target/guests/` (`.ci/run guests`);
+//! `ZIPLINE_BENCH_SKIP_PIPELINE=1`, `ZIPLINE_BENCH_KEEP_LOGS=1` keeps each pipeline's config and
+//! log). Needs the guests in `target/guests/` (`.ci/run guests`);
 //! a missing JavaScript guest is reported and skipped.
 
 #[path = "../tests/common/mod.rs"]
@@ -322,6 +323,28 @@ fn cpu_secs(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// `, N guest calls of M changes on average`, from the `transform stopped` line of a log.
+fn calls_made(log: &std::path::Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let Some(line) = text.lines().find(|l| l.contains("transform stopped")) else {
+        return ", no `transform stopped` line in the log".into();
+    };
+    let field = |name: &str| -> Option<f64> {
+        let rest = line.split(&format!("{name}=")).nth(1)?;
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    match (field("calls"), field("changes_in")) {
+        (Some(calls), Some(changes)) if calls > 0.0 => format!(
+            ", {calls} guest calls of {:.0} changes on average",
+            changes / calls
+        ),
+        _ => format!(", unreadable: {line}"),
+    }
+}
+
 /// The slots of `rounds` alternating runs: `plain1, wasm1, plain2, wasm2, …`.
 fn runs(rounds: usize) -> Vec<String> {
     (1..=rounds)
@@ -357,6 +380,12 @@ async fn pipeline(changes: usize, rounds: usize) {
         txs.len()
     );
     let dir = tempfile::tempdir().expect("tempdir");
+    if std::env::var_os("ZIPLINE_BENCH_KEEP_LOGS").is_some() {
+        println!(
+            "  pipeline configs and logs kept in {}",
+            dir.path().display()
+        );
+    }
     // Seconds spent without and with the transform, summed over the rounds.
     let (mut plain_secs, mut wasm_secs) = (0.0, 0.0);
     for slot in runs(rounds) {
@@ -410,13 +439,18 @@ async fn pipeline(changes: usize, rounds: usize) {
             .args(["-TERM", &child.id().to_string()])
             .status();
         let _ = child.wait();
+        let calls = if wasm {
+            calls_made(&dir.path().join(format!("{slot}.log")))
+        } else {
+            String::new()
+        };
         if wasm {
             wasm_secs += secs;
         } else {
             plain_secs += secs;
         }
         println!(
-            "  {slot:<7} {:<23} {changes} changes in {secs:.2}s = {:.0} changes/s (zipline CPU {cpu:.2}s)",
+            "  {slot:<7} {:<23} {changes} changes in {secs:.2}s = {:.0} changes/s (zipline CPU {cpu:.2}s){calls}",
             if wasm {
                 "with the Rust transform"
             } else {
@@ -442,6 +476,9 @@ async fn pipeline(changes: usize, rounds: usize) {
         plain.split(':').take(2).collect::<Vec<_>>(),
         wasm.split(':').take(2).collect::<Vec<_>>()
     );
+    if std::env::var_os("ZIPLINE_BENCH_KEEP_LOGS").is_some() {
+        let _ = dir.keep();
+    }
 }
 
 fn main() {
