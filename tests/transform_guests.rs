@@ -51,13 +51,16 @@ fn make_spec(
     (spec, dir)
 }
 
-fn users() -> Arc<Table> {
-    let col = |name: &str, oid, key| Column {
+fn col(name: &str, type_oid: u32, is_key: bool) -> Column {
+    Column {
         name: name.into(),
-        type_oid: oid,
+        type_oid,
         type_modifier: -1,
-        is_key: key,
-    };
+        is_key,
+    }
+}
+
+fn users() -> Arc<Table> {
     Arc::new(Table::new(
         "public".into(),
         "users".into(),
@@ -73,12 +76,7 @@ fn audit() -> Arc<Table> {
     Arc::new(Table::new(
         "public".into(),
         "audit_log".into(),
-        vec![Column {
-            name: "id".into(),
-            type_oid: 23,
-            type_modifier: -1,
-            is_key: true,
-        }],
+        vec![col("id", 23, true)],
     ))
 }
 
@@ -421,12 +419,6 @@ fn wasi_guest_gets_no_files_env_clock_or_network() {
 
 /// One change of each op whose values cover every case of the WIT's `value`, extremes included.
 fn every_type_and_op() -> Vec<Change> {
-    let col = |name: &str, oid, key| Column {
-        name: name.into(),
-        type_oid: oid,
-        type_modifier: -1,
-        is_key: key,
-    };
     let t = Arc::new(Table::new(
         "public".into(),
         "zoo".into(),

@@ -119,47 +119,25 @@ macro_rules! same_cases {
 same_cases!(Null, Unchanged; Boolean, Int2, Int4, Int8, Float4, Float8, Numeric, Text, Bytes,
     Date, Time, Timestamp, Timestamptz, Uuid, Json, Other);
 
-impl From<Change> for generated::Change {
-    fn from(c: Change) -> Self {
-        let Change {
-            table,
-            op,
-            position,
-            key,
-            old_key,
-            values,
-        } = c;
-        Self {
-            table,
-            op,
-            position,
-            key,
-            old_key,
-            values,
+/// Both directions between [`Change`] and the generated type, whose fields are the same.
+macro_rules! same_fields {
+    ($($field:ident),*) => {
+        impl From<Change> for generated::Change {
+            fn from(c: Change) -> Self {
+                let Change { $($field),* } = c;
+                Self { $($field),* }
+            }
         }
-    }
+        impl From<generated::Change> for Change {
+            fn from(c: generated::Change) -> Self {
+                let generated::Change { $($field),* } = c;
+                Self { $($field),* }
+            }
+        }
+    };
 }
 
-impl From<generated::Change> for Change {
-    fn from(c: generated::Change) -> Self {
-        let generated::Change {
-            table,
-            op,
-            position,
-            key,
-            old_key,
-            values,
-        } = c;
-        Self {
-            table,
-            op,
-            position,
-            key,
-            old_key,
-            values,
-        }
-    }
-}
+same_fields!(table, op, position, key, old_key, values);
 
 // The layout this file writes, checked against what wasmtime computes for the generated types.
 // `value`: a u8 discriminant (18 cases), then the payload at 8 (the widest case, `uuid`, is
