@@ -10,14 +10,16 @@
 //! an element is read from the bytes wasmtime hands over (`linear_lift_from_memory`).
 //!
 //! What keeps this honest:
-//! - Type checking is the generated types': [`Value`] and [`Change`] check as the WIT's
-//!   `value` and `change` (so a component whose types differ is refused at load, as before),
-//!   and their size, alignment and flat form are the generated types' too.
+//! - Type checking is the generated types': [`Packed`] (a value kept in its ABI form) and
+//!   [`Change`] check as the WIT's `value` and `change` (so a component whose types differ is
+//!   refused at load, as before), and their size, alignment and flat form are the generated
+//!   types' too.
 //! - The layout is the canonical ABI's
 //!   (<https://github.com/WebAssembly/component-model/blob/main/design/mvp/CanonicalABI.md>,
 //!   "Alignment" and "Element Size"); compile-time assertions below tie each offset used here
 //!   to the size wasmtime computes for the generated type, and the round trip through real
-//!   guests (`tests/transform.rs`, every variant, every op) checks the rest.
+//!   guests (`tests/transform_guests.rs`: every case, every op, all five example languages)
+//!   checks the rest.
 //! - Reading validates what wasmtime validates: a discriminant out of range is an error, not a
 //!   guess; booleans read any non-zero byte as true, as wasmtime does.
 //!
