@@ -380,7 +380,8 @@ async fn pipeline(changes: usize, rounds: usize) {
         txs.len()
     );
     let dir = tempfile::tempdir().expect("tempdir");
-    if std::env::var_os("ZIPLINE_BENCH_KEEP_LOGS").is_some() {
+    let keep_logs = std::env::var_os("ZIPLINE_BENCH_KEEP_LOGS").is_some();
+    if keep_logs {
         println!(
             "  pipeline configs and logs kept in {}",
             dir.path().display()
@@ -440,15 +441,12 @@ async fn pipeline(changes: usize, rounds: usize) {
             .status();
         let _ = child.wait();
         let calls = if wasm {
+            wasm_secs += secs;
             calls_made(&dir.path().join(format!("{slot}.log")))
         } else {
+            plain_secs += secs;
             String::new()
         };
-        if wasm {
-            wasm_secs += secs;
-        } else {
-            plain_secs += secs;
-        }
         println!(
             "  {slot:<7} {:<23} {changes} changes in {secs:.2}s = {:.0} changes/s (zipline CPU {cpu:.2}s){calls}",
             if wasm {
@@ -476,7 +474,7 @@ async fn pipeline(changes: usize, rounds: usize) {
         plain.split(':').take(2).collect::<Vec<_>>(),
         wasm.split(':').take(2).collect::<Vec<_>>()
     );
-    if std::env::var_os("ZIPLINE_BENCH_KEEP_LOGS").is_some() {
+    if keep_logs {
         let _ = dir.keep();
     }
 }

@@ -200,7 +200,8 @@ fn span_at(b: &[u8], at: usize) -> Span {
 #[derive(Clone, Copy)]
 pub(crate) struct Packed([u64; 3]);
 
-const CASES: u64 = 18;
+/// The discriminant of `unchanged`, the last of the WIT's 18 cases.
+const UNCHANGED: u8 = 17;
 
 impl Packed {
     pub(crate) fn new(v: Value) -> Packed {
@@ -227,7 +228,7 @@ impl Packed {
                 u64::from(o.type_oid) | (u64::from(o.text.start) << 32),
                 u64::from(o.text.len),
             ),
-            Value::Unchanged => (17, 0, 0),
+            Value::Unchanged => (UNCHANGED.into(), 0, 0),
         };
         Packed([case, a, b])
     }
@@ -262,13 +263,13 @@ impl Packed {
                     len: b as u32,
                 },
             }),
-            // 17, and nothing else: `read` refused the rest.
+            // `UNCHANGED`, and nothing else: `read` refused the rest.
             _ => Value::Unchanged,
         }
     }
 
     pub(crate) fn is_unchanged(self) -> bool {
-        self.0[0] as u8 == 17
+        self.0[0] as u8 == UNCHANGED
     }
 
     fn write(&self, dst: &mut [u8]) {
@@ -279,8 +280,8 @@ impl Packed {
 
     fn read(b: &[u8]) -> Result<Packed> {
         let p = Packed([u64_at(b, 0), u64_at(b, 8), u64_at(b, 16)]);
-        let case = u64::from(p.0[0] as u8);
-        if case >= CASES {
+        let case = p.0[0] as u8;
+        if case > UNCHANGED {
             bail!("invalid `value` discriminant {case}");
         }
         Ok(p)

@@ -137,7 +137,7 @@ fn submit(st: &mut State<'_>) {
 /// The socket is quiet: hands what is staged to the transform, unless a call is in flight
 /// (its outputs must be replayed first; [`done`] waits for them).
 pub(super) fn submit_quiet(st: &mut State<'_>) {
-    if st.staged.in_flight.is_none() && !st.staged.items.is_empty() {
+    if can_submit(&st.staged) {
         submit(st);
     }
 }
