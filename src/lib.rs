@@ -5,6 +5,7 @@
 //! [`lane::AckTracker`] → the source confirms the durable frontier upstream.
 
 pub mod change;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod lane;
@@ -12,5 +13,3 @@ pub mod pipeline;
 pub mod sink;
 pub mod source;
 pub mod transform;
-
-mod checkpoint;

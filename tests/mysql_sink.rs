@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::MariaDb;
-use common::changes::{change, delete, open, pos, upsert};
+use common::changes::{change, claimed, delete, open, pos, upsert};
 use mysql_async::prelude::Queryable;
 use zipline::change::{Column, Op, Table, Value};
 use zipline::error::ErrorClass;
@@ -102,7 +102,7 @@ fn checkpoints(db: &MariaDb) -> String {
 #[tokio::test]
 async fn batches_land_with_their_checkpoint_and_replays_converge() {
     let db = server("");
-    let connector = MysqlConnector::new(options(&db));
+    let connector = claimed(MysqlConnector::new(options(&db))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -201,7 +201,7 @@ fn hex(s: &str) -> String {
 #[tokio::test]
 async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() {
     let db = server("CREATE TABLE audit (id INT PRIMARY KEY, what VARCHAR(20))");
-    let connector = MysqlConnector::new(options(&db));
+    let connector = claimed(MysqlConnector::new(options(&db))).await;
     let t = orders();
     let audit = table("audit", &[("id", true), ("what", false)]);
     connector
@@ -280,7 +280,7 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
 #[tokio::test]
 async fn bad_rows_are_definite_and_leave_the_lane_usable() {
     let db = server("CREATE TABLE tags (id INT PRIMARY KEY, name VARCHAR(5) NOT NULL)");
-    let connector = MysqlConnector::new(options(&db));
+    let connector = claimed(MysqlConnector::new(options(&db))).await;
     let tags = table("tags", &[("id", true), ("name", false)]);
     connector
         .check_tables(std::slice::from_ref(&tags))
@@ -359,7 +359,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         "CREATE TABLE nokey (id INT, v INT); \
          CREATE TABLE narrow (id INT PRIMARY KEY, tenant INT NOT NULL)",
     );
-    let connector = MysqlConnector::new(options(&db));
+    let connector = claimed(MysqlConnector::new(options(&db))).await;
 
     let missing = table("missing", &[("id", true), ("v", false)]);
     let err = connector
@@ -441,7 +441,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
 #[tokio::test]
 async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
     let db = server("");
-    let connector = MysqlConnector::new(options(&db));
+    let connector = claimed(MysqlConnector::new(options(&db))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -489,4 +489,87 @@ async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
     let lane = open(&connector, 0, 1).await;
     assert_eq!(lane.checkpoint(), None);
     assert_eq!(checkpoints(&db), "other\tmysql-out\t0\t1\t1\t1");
+}
+
+/// One live instance per pipeline: a second claim is refused naming the holder; once the
+/// holder stops heartbeating another instance takes the sink over, and from then on every
+/// write of the old one fails without leaving anything behind.
+#[tokio::test]
+async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
+    use zipline::checkpoint::Holder;
+    let db = server("");
+    let t = orders();
+    let first = MysqlConnector::new(options(&db));
+    let mut lease = first
+        .claim(&Holder::this_process(), Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    first
+        .check_tables(std::slice::from_ref(&t))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let mut lane = open(&first, 0, 1).await;
+    let batch = |id: i32, at| Batch {
+        lane: 0,
+        changes: vec![upsert(&t, at, order_row(id, "x", 1))],
+    };
+    lane.apply(&batch(1, pos(100, 1)))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+
+    let other = Holder {
+        pid: 4242,
+        host: "elsewhere".into(),
+    };
+    let second = MysqlConnector::new(options(&db));
+    let refused = second
+        .claim(&other, Duration::from_secs(30))
+        .await
+        .err()
+        .expect("a second live claim is refused");
+    assert_eq!(refused.class, ErrorClass::Fatal);
+    let me = Holder::this_process();
+    assert!(
+        refused.message.starts_with(&format!(
+            "sink mysql-out: pipeline orders-pipe is already running: process {} on host {} \
+             has held it since ",
+            me.pid, me.host
+        )),
+        "{}",
+        refused.message
+    );
+
+    // A zero lease: the first holder counts as gone, its fence session is ended.
+    let taken = second
+        .claim(&other, Duration::ZERO)
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    assert_eq!(taken.epoch(), lease.epoch() + 1);
+    let fenced = lane
+        .apply(&batch(2, pos(200, 1)))
+        .await
+        .err()
+        .expect("the old instance's batch is fenced");
+    assert_eq!(fenced.class, ErrorClass::Fatal);
+    assert!(
+        fenced.message.contains(
+            "another instance of pipeline orders-pipe took over this sink (process 4242 on \
+             host elsewhere since "
+        ),
+        "{}",
+        fenced.message
+    );
+    assert_eq!(db.sql(DB, "SELECT GROUP_CONCAT(id) FROM orders"), "1");
+    assert_eq!(checkpoints(&db), "orders-pipe\tmysql-out\t0\t1\t100\t1");
+    let renewed = lease.renew().await.err().expect("the old claim is gone");
+    assert_eq!(renewed.class, ErrorClass::Fatal, "{}", renewed.message);
+
+    let mut lane = open(&second, 0, 1).await;
+    lane.apply(&batch(2, pos(200, 1)))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    assert_eq!(
+        db.sql(DB, "SELECT GROUP_CONCAT(id ORDER BY id) FROM orders"),
+        "1,2"
+    );
 }

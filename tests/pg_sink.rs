@@ -12,7 +12,7 @@ mod e2e;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::changes::{change, delete, open, pos, upsert};
+use common::changes::{change, claimed, delete, open, pos, upsert};
 use e2e::pg::fixtures::{
     DB, ORDERS_DDL, apply, checkpoints, col, options, order_literal, order_row, orders, rows,
     server, table,
@@ -25,7 +25,7 @@ use zipline::sink::{Batch, SinkConnector};
 #[tokio::test]
 async fn batches_land_exactly_with_their_checkpoint_and_replays_converge() {
     let pg = server(ORDERS_DDL);
-    let connector = PostgresConnector::new(options(&pg));
+    let connector = claimed(PostgresConnector::new(options(&pg))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -126,7 +126,7 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
         "{ORDERS_DDL}; CREATE TABLE audit (id int PRIMARY KEY, what varchar(20));
          INSERT INTO orders (id, qty) VALUES (1, 0);"
     ));
-    let connector = PostgresConnector::new(options(&pg));
+    let connector = claimed(PostgresConnector::new(options(&pg))).await;
     let t = orders();
     let audit = table(
         "audit",
@@ -217,7 +217,7 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
     let pg = server(
         "CREATE TABLE tags (id int PRIMARY KEY, name varchar(5) NOT NULL);\n         CREATE TABLE stamps (id int PRIMARY KEY, at timestamp)",
     );
-    let connector = PostgresConnector::new(options(&pg));
+    let connector = claimed(PostgresConnector::new(options(&pg))).await;
     let tags = table(
         "tags",
         vec![col("id", 23, -1, true), col("name", 1043, 9, false)],
@@ -301,7 +301,7 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
 #[tokio::test]
 async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
     let pg = server(ORDERS_DDL);
-    let connector = PostgresConnector::new(options(&pg));
+    let connector = claimed(PostgresConnector::new(options(&pg))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -357,7 +357,7 @@ async fn inserts_of_keys_the_sink_has_are_upserted_and_other_conflicts_are_defin
         "CREATE TABLE people (id int PRIMARY KEY, email text UNIQUE, name text);
          INSERT INTO people VALUES (1, 'a@x', 'stale'), (9, 'taken@x', 'other');",
     );
-    let connector = PostgresConnector::new(options(&pg));
+    let connector = claimed(PostgresConnector::new(options(&pg))).await;
     let people = table(
         "people",
         vec![
@@ -419,7 +419,7 @@ async fn inserts_of_keys_the_sink_has_are_upserted_and_other_conflicts_are_defin
 #[tokio::test]
 async fn durable_frontier_needs_every_lane_and_advances_only_upwards() {
     let pg = server(ORDERS_DDL);
-    let connector = PostgresConnector::new(options(&pg));
+    let connector = claimed(PostgresConnector::new(options(&pg))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -469,5 +469,94 @@ async fn durable_frontier_needs_every_lane_and_advances_only_upwards() {
              FROM _zipline_checkpoints"
         ),
         "0:600#2 1:600#2 2:600#2"
+    );
+}
+
+/// One live instance per pipeline: a second claim is refused naming the holder; once the
+/// holder stops heartbeating another instance takes the sink over, and from then on every
+/// write of the old one fails without leaving anything behind.
+#[tokio::test]
+async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
+    use zipline::checkpoint::Holder;
+    let pg = server(ORDERS_DDL);
+    let t = orders();
+    let first = PostgresConnector::new(options(&pg));
+    let mut lease = first
+        .claim(&Holder::this_process(), Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    first
+        .check_tables(std::slice::from_ref(&t))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let mut lane = open(&first, 0, 1).await;
+    let batch = |id: i32, at| Batch {
+        lane: 0,
+        changes: vec![upsert(&t, at, order_row(id, "x", 1))],
+    };
+    lane.apply(&batch(1, pos(100, 1)))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+
+    let other = Holder {
+        pid: 4242,
+        host: "elsewhere".into(),
+    };
+    let second = PostgresConnector::new(options(&pg));
+    let refused = second
+        .claim(&other, Duration::from_secs(30))
+        .await
+        .err()
+        .expect("a second live claim is refused");
+    assert_eq!(refused.class, ErrorClass::Fatal);
+    let me = Holder::this_process();
+    assert!(
+        refused.message.starts_with(&format!(
+            "sink pg-out: pipeline orders-pipe is already running: process {} on host {} \
+             has held it since ",
+            me.pid, me.host
+        )),
+        "{}",
+        refused.message
+    );
+
+    // A zero lease: the first holder counts as gone, its fence session is ended.
+    let taken = second
+        .claim(&other, Duration::ZERO)
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    assert_eq!(taken.epoch(), lease.epoch() + 1);
+    let fenced = lane
+        .apply(&batch(2, pos(200, 1)))
+        .await
+        .err()
+        .expect("the old instance's batch is fenced");
+    assert_eq!(fenced.class, ErrorClass::Fatal);
+    assert!(
+        fenced.message.contains(
+            "another instance of pipeline orders-pipe took over this sink (process 4242 on \
+             host elsewhere since "
+        ),
+        "{}",
+        fenced.message
+    );
+    assert_eq!(
+        pg.psql(DB, "SELECT string_agg(id::text, ',') FROM orders"),
+        "1"
+    );
+    assert_eq!(checkpoints(&pg), "orders-pipe|pg-out|0|1|100|1|0");
+    let renewed = lease.renew().await.err().expect("the old claim is gone");
+    assert_eq!(renewed.class, ErrorClass::Fatal, "{}", renewed.message);
+
+    let mut lane = open(&second, 0, 1).await;
+    lane.apply(&batch(2, pos(200, 1)))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    assert_eq!(
+        pg.psql(
+            DB,
+            "SELECT string_agg(id::text, ',' ORDER BY id) FROM orders"
+        ),
+        "1,2"
     );
 }

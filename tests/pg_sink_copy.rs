@@ -10,7 +10,7 @@ mod e2e;
 use std::sync::Arc;
 
 use common::Postgres;
-use common::changes::{change, open, pos};
+use common::changes::{change, claimed, open, pos};
 use e2e::pg::fixtures::{DB, apply, col, options, server, table};
 use zipline::change::{Change, Op, Position, Table, Value};
 use zipline::error::ErrorClass;
@@ -118,7 +118,7 @@ fn insert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Arc<Change> {
 
 /// The sink connector for `pg`, its tables checked against `t`.
 async fn checked(pg: &Postgres, t: &Arc<Table>) -> PostgresConnector {
-    let connector = PostgresConnector::new(options(pg));
+    let connector = claimed(PostgresConnector::new(options(pg))).await;
     connector
         .check_tables(std::slice::from_ref(t))
         .await

@@ -8,7 +8,7 @@ mod e2e;
 
 use std::sync::Arc;
 
-use common::changes::{open, pos, upsert};
+use common::changes::{claimed, open, pos, upsert};
 use e2e::pg::fixtures::{DB, SOURCE_MOOD_OID, apply, col, options, server, table};
 use e2e::pg::scram_role;
 use zipline::change::{Table, Value};
@@ -25,7 +25,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
                               total int GENERATED ALWAYS AS (id * 2) STORED);
          CREATE VIEW aview AS SELECT 1 AS id;",
     );
-    let connector = PostgresConnector::new(options(&pg));
+    let connector = claimed(PostgresConnector::new(options(&pg))).await;
     let simple = |name: &str, cols: &[&str]| {
         table(
             name,
@@ -150,7 +150,7 @@ async fn create_tables_uses_the_source_types_exactly() {
     let mut opts = options(&pg);
     opts.create_tables = true;
     opts.schema = Some("mirror".into());
-    let connector = PostgresConnector::new(opts);
+    let connector = claimed(PostgresConnector::new(opts)).await;
     // (column, type OID, typmod, key, what format_type says on the source)
     let spec: &[(&str, u32, i32, bool, &str)] = &[
         ("id", 20, -1, true, "bigint"),
@@ -268,7 +268,7 @@ async fn create_tables_uses_the_source_types_exactly() {
 #[tokio::test]
 async fn a_new_source_column_is_added_to_the_sink_before_its_first_row() {
     let pg = server("CREATE TABLE t (id int PRIMARY KEY, a text)");
-    let connector = PostgresConnector::new(options(&pg));
+    let connector = claimed(PostgresConnector::new(options(&pg))).await;
     let v1 = table("t", vec![col("id", 23, -1, true), col("a", 25, -1, false)]);
     connector
         .check_tables(std::slice::from_ref(&v1))

@@ -349,6 +349,13 @@ impl SinkConnector for FakeSink {
         self.advanced.lock().unwrap().push(frontier);
         Box::pin(async { Ok(()) })
     }
+    fn claim<'a>(
+        &'a self,
+        _: &'a zipline::checkpoint::Holder,
+        _: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn zipline::sink::Lease>, SinkError>> {
+        Box::pin(async { Err(SinkError::fatal("not used")) })
+    }
 }
 
 /// A running source with one sink of one lane, the test playing the lane.
@@ -372,7 +379,7 @@ async fn start(
     let source = SqlServerSource::preflight(
         opts,
         vec![SinkLanes {
-            connector: Box::new(sink),
+            connector: Arc::new(sink),
             lanes: 1,
         }],
     )
@@ -818,6 +825,13 @@ async fn mysql_sink_keeps_the_frontier_the_source_resumes_from() {
         ],
     ));
     sink.check_tables(std::slice::from_ref(&table))
+        .await
+        .unwrap();
+    let _lease = sink
+        .claim(
+            &zipline::checkpoint::Holder::this_process(),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
     let pos = |lsn: u128, ordinal: u32| Position::new(Lsn(lsn), ordinal);

@@ -245,6 +245,28 @@ pub(crate) fn duration(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<Durat
     parsed.map_err(|msg| ctx.err(path, msg))
 }
 
+/// A [`duration`] of at least `min`.
+pub(crate) fn duration_at_least(
+    min: Duration,
+) -> impl Fn(&Ctx<'_>, &str, &Value) -> Result<Duration> {
+    move |ctx, path, value| {
+        let d = duration(ctx, path, value)?;
+        if d < min {
+            return Err(ctx.err(path, format!("must be at least {}", humantime_text(min))));
+        }
+        Ok(d)
+    }
+}
+
+/// `1.5s`, `250ms`: how config errors print a duration.
+pub(crate) fn humantime_text(d: Duration) -> String {
+    if d.subsec_millis() == 0 && d.as_secs() > 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
 /// Parses `<number><unit>`; the number may have a fraction, the result must be above zero.
 pub(crate) fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     let s = text.trim();

@@ -173,12 +173,21 @@ fn parse_pipeline(ctx: &Ctx<'_>, value: &Value, opts: &LoadOptions) -> Result<Pi
 
 fn parse_settings(ctx: &Ctx<'_>, value: &Value, path: &str) -> Result<Settings> {
     let f = Fields::new(ctx, value, path, "settings")?;
-    f.deny_unknown(&["progress_interval"])?;
+    f.deny_unknown(&["progress_interval", "instance_lease", "drain_timeout"])?;
     let defaults = Settings::default();
     Ok(Settings {
         progress_interval: f
             .optional("progress_interval", &duration)?
             .unwrap_or(defaults.progress_interval),
+        instance_lease: f
+            .optional(
+                "instance_lease",
+                &fields::duration_at_least(std::time::Duration::from_secs(3)),
+            )?
+            .unwrap_or(defaults.instance_lease),
+        drain_timeout: f
+            .optional("drain_timeout", &duration)?
+            .unwrap_or(defaults.drain_timeout),
     })
 }
 
@@ -472,7 +481,7 @@ routes:
         let e = load_str("o.yaml", &with("  progress: 1s\n"), &opts_without("")).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "o.yaml:20: settings.progress: unknown field `progress`; expected one of: progress_interval"
+            "o.yaml:20: settings.progress: unknown field `progress`; expected one of: progress_interval, instance_lease, drain_timeout"
         );
         let e = load_str(
             "o.yaml",

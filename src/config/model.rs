@@ -33,12 +33,20 @@ impl Pipeline {
 pub struct Settings {
     /// How often progress (frontier, lag, throughput) is logged. Default 5s.
     pub progress_interval: Duration,
+    /// How old an instance's heartbeat in a sink's fence row must be before another instance
+    /// takes the pipeline over (when the old one's session lingers). Default 30s; at least 3s.
+    pub instance_lease: Duration,
+    /// Longest a graceful stop waits for the lanes to commit what they hold; then the
+    /// pipeline exits non-zero, confirming only what is durable. Default 30s.
+    pub drain_timeout: Duration,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Settings {
             progress_interval: Duration::from_secs(5),
+            instance_lease: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(30),
         }
     }
 }

@@ -114,10 +114,36 @@ fn check_checkpoint_names(pipeline: &str, connector: &str) -> Result<(), SinkErr
     Ok(())
 }
 
+/// A sink's claim of a pipeline for this process (see [`crate::checkpoint::fence`]): while
+/// it holds, no other instance of the pipeline can claim the sink, and once another instance
+/// took it over every write of this one fails.
+pub trait Lease: Send {
+    /// The claim's epoch, which every write of this process into the sink is fenced on.
+    fn epoch(&self) -> u64;
+    /// Renews the claim's heartbeat. `Err` of class Fatal: another instance took the sink
+    /// over (stop). Transient: the sink could not be reached; the claim may still hold, and the
+    /// writes stay fenced either way.
+    fn renew(&mut self) -> BoxFuture<'_, Result<(), SinkError>>;
+    /// Marks the claim released (a clean stop), so the next instance need not wait.
+    fn release(self: Box<Self>) -> BoxFuture<'static, ()>;
+}
+
 /// A configured sink: checks the target and opens lanes.
 pub trait SinkConnector: Send + Sync {
     /// The connector's name from the pipeline file.
     fn name(&self) -> &str;
+
+    /// Claims the sink for this process's instance of the pipeline, before anything else is
+    /// read or written (see [`crate::checkpoint::fence`]). `Err` of class Fatal when another
+    /// live instance holds it (the message names it: process, host, since when). Every write
+    /// method below fails until the claim succeeded, and fails for good once another instance
+    /// took the sink over. `lease`: how old a holder's heartbeat must be before it is taken
+    /// over.
+    fn claim<'a>(
+        &'a self,
+        holder: &'a crate::checkpoint::Holder,
+        lease: std::time::Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn Lease>, SinkError>>;
 
     /// Connect once and check that the sink is usable: credentials work, Zipline's checkpoint
     /// table exists (created if absent), and every table in `tables` exists with every column

@@ -45,3 +45,15 @@ pub async fn open(connector: &impl SinkConnector, lane: u32, lanes: u32) -> Box<
         .await
         .unwrap_or_else(|e| panic!("opening lane {lane}/{lanes}: {}", e.message))
 }
+
+/// `connector`, claimed for this test process (the claim's lease is kept for the whole test:
+/// its fence session holds the pipeline's lock).
+pub async fn claimed<C: SinkConnector>(connector: C) -> C {
+    let holder = zipline::checkpoint::Holder::this_process();
+    let lease = connector
+        .claim(&holder, std::time::Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("claiming sink {}: {}", connector.name(), e.message));
+    std::mem::forget(lease);
+    connector
+}

@@ -25,9 +25,11 @@
 
 use super::coalesce;
 mod array;
+mod checkpoint;
 mod ddl;
 mod errors;
 mod evolve;
+mod fence;
 pub(crate) mod literal;
 mod plan;
 mod schema;
@@ -35,6 +37,7 @@ mod snapshot;
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
@@ -43,9 +46,9 @@ use mysql_async::{Conn, Opts, OptsBuilder};
 use self::errors::sink_error;
 use self::literal::{push_ident, push_value};
 use self::plan::{Plan, StmtInfo};
-use super::{Batch, BoxFuture, LaneSink, SinkConnector, SinkError};
+use super::{Batch, BoxFuture, LaneSink, Lease, SinkConnector, SinkError};
 use crate::change::{Change, Position, Table, Value};
-use crate::checkpoint::{self, LaneKey};
+use crate::checkpoint::{Holder, LaneKey};
 use crate::error::ErrorClass;
 
 /// Session setup run on every new connection.
@@ -103,6 +106,8 @@ struct Shared {
     create_tables: bool,
     /// The sink columns' types, which decide how values MySQL cannot hold are written.
     types: schema::SinkTypes,
+    /// This instance's claim epoch (0 until claimed); every write is fenced on it.
+    epoch: AtomicU64,
 }
 
 /// A configured MySQL/MariaDB sink.
@@ -140,6 +145,7 @@ impl MysqlConnector {
                 mysql,
                 create_tables: false,
                 types: schema::SinkTypes::default(),
+                epoch: AtomicU64::new(0),
             }),
             snapshot: snapshot::Loader::default(),
         }
@@ -205,11 +211,11 @@ impl SinkConnector for MysqlConnector {
             let o = &shared.options;
             super::check_checkpoint_names(&o.pipeline, &o.connector)?;
             let mut conn = shared.connect().await?;
-            let create = checkpoint::mysql::create_table_sql(&o.database);
+            let create = checkpoint::create_table_sql(&o.database);
             conn.query_drop(create).await.map_err(|e| {
                 sink_error(
                     shared.sink(),
-                    &format!("creating the checkpoint table {}", checkpoint::TABLE),
+                    &format!("creating the checkpoint table {}", crate::checkpoint::TABLE),
                     &e,
                 )
             })?;
@@ -245,18 +251,8 @@ impl SinkConnector for MysqlConnector {
             let shared = Arc::clone(&self.shared);
             let mut conn = shared.connect().await?;
             let key = shared.lane_key(lane, lanes);
-            let checkpoint = checkpoint::mysql::load(&mut conn, &shared.options.database, &key)
-                .await
-                .map_err(|e| {
-                    sink_error(
-                        shared.sink(),
-                        &format!(
-                            "loading lane {lane}'s checkpoint from {}",
-                            checkpoint::TABLE
-                        ),
-                        &e,
-                    )
-                })?;
+            fence::epoch(&shared)?;
+            let checkpoint = checkpoint::load(&mut conn, &shared, &key).await?;
             tracing::debug!(
                 sink = shared.sink(),
                 lane,
@@ -282,12 +278,15 @@ impl SinkConnector for MysqlConnector {
             let shared = &self.shared;
             let mut conn = shared.connect().await?;
             let key = shared.lane_key(0, lanes);
-            let result = checkpoint::mysql::frontier(&mut conn, &shared.options.database, &key)
+            let result = checkpoint::frontier(&mut conn, &shared.options.database, &key)
                 .await
                 .map_err(|e| {
                     sink_error(
                         shared.sink(),
-                        &format!("reading the durable frontier from {}", checkpoint::TABLE),
+                        &format!(
+                            "reading the durable frontier from {}",
+                            crate::checkpoint::TABLE
+                        ),
                         &e,
                     )
                 });
@@ -305,24 +304,37 @@ impl SinkConnector for MysqlConnector {
             let shared = &self.shared;
             let mut conn = shared.connect().await?;
             let mut sql = String::new();
-            checkpoint::mysql::push_advance(
+            checkpoint::push_advance(
                 &mut sql,
                 &shared.options.database,
                 &shared.lane_key(0, lanes),
                 frontier,
             );
-            let result = conn.query_drop(sql).await.map_err(|e| {
-                sink_error(
-                    shared.sink(),
-                    &format!(
-                        "raising idle lanes' checkpoints in {} to {frontier}",
-                        checkpoint::TABLE
-                    ),
-                    &e,
-                )
-            });
+            let doing = format!(
+                "raising idle lanes' checkpoints in {} to {frontier}",
+                crate::checkpoint::TABLE
+            );
+            let result = async {
+                let err = |e: mysql_async::Error| sink_error(shared.sink(), &doing, &e);
+                conn.query_drop("START TRANSACTION").await.map_err(err)?;
+                fence::check_locked(&mut conn, shared).await?;
+                sql.push_str(";COMMIT");
+                conn.query_drop(sql).await.map_err(err)
+            }
+            .await;
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
             result
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        holder: &'a Holder,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn Lease>, SinkError>> {
+        Box::pin(async move {
+            let lease = fence::claim(Arc::clone(&self.shared), holder, lease).await?;
+            Ok(Box::new(lease) as Box<dyn Lease>)
         })
     }
 
@@ -490,12 +502,16 @@ impl MysqlLane {
         }
         *in_tx = true;
         let key = shared.lane_key(*lane, *lanes);
-        checkpoint::mysql::push_upsert(buf, &shared.options.database, &key, position);
+        let epoch = fence::epoch(shared).map_err(|e| (e, false))?;
+        checkpoint::push_upsert(buf, &shared.options.database, &key, position, epoch);
         buf.push_str(";COMMIT");
         if let Err(e) = conn.query_drop(buf.as_str()).await {
+            if fence::is_guard_failure(&e) {
+                return Err((fence::fenced(shared).await, false));
+            }
             let doing = format!(
                 "moving lane {lane}'s checkpoint in {} to {position} and committing",
-                checkpoint::TABLE
+                crate::checkpoint::TABLE
             );
             return Err((sink_error(sink, &doing, &e), errors::connection_lost(&e)));
         }

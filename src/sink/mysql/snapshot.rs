@@ -232,7 +232,11 @@ pub(super) async fn begin(shared: &Shared, chunks: &[SnapshotChunk]) -> Result<(
         conn.query_drop(create_table_sql(&shared.options.database))
             .await
             .map_err(|e| state_error(shared, "creating the snapshot state table", &e))?;
-        let mut sql = String::from("START TRANSACTION;DELETE FROM ");
+        conn.query_drop("START TRANSACTION")
+            .await
+            .map_err(|e| state_error(shared, "recording a pending snapshot", &e))?;
+        super::fence::check_locked(&mut conn, shared).await?;
+        let mut sql = String::from("DELETE FROM ");
         push_table(&mut sql, &shared.options.database);
         push_owner(&mut sql, shared);
         sql.push(';');
@@ -262,6 +266,14 @@ pub(super) async fn begin(shared: &Shared, chunks: &[SnapshotChunk]) -> Result<(
 pub(super) async fn clear(shared: &Shared, tables: &[Arc<Table>]) -> Result<(), SinkError> {
     let mut conn = shared.connect().await?;
     let result = async {
+        // TRUNCATE commits by itself, so the claim is checked right before, not with it.
+        conn.query_drop("START TRANSACTION")
+            .await
+            .map_err(|e| state_error(shared, "checking the claim", &e))?;
+        super::fence::check_locked(&mut conn, shared).await?;
+        conn.query_drop("COMMIT")
+            .await
+            .map_err(|e| state_error(shared, "checking the claim", &e))?;
         for table in tables {
             let mut target = String::new();
             push_ident(&mut target, &shared.options.database);
@@ -285,12 +297,16 @@ pub(super) async fn clear(shared: &Shared, tables: &[Arc<Table>]) -> Result<(), 
 /// Marks the snapshot complete.
 pub(super) async fn finish(shared: &Shared) -> Result<(), SinkError> {
     let mut conn = shared.connect().await?;
-    let mut sql = String::new();
-    push_rows(&mut sql, shared, &[None], "CURRENT_TIMESTAMP(6)", None);
-    let result = conn
-        .query_drop(sql)
-        .await
-        .map_err(|e| state_error(shared, "marking the snapshot complete", &e));
+    let result = async {
+        let err = |e: mysql_async::Error| state_error(shared, "marking the snapshot complete", &e);
+        conn.query_drop("START TRANSACTION").await.map_err(err)?;
+        super::fence::check_locked(&mut conn, shared).await?;
+        let mut sql = String::new();
+        push_rows(&mut sql, shared, &[None], "CURRENT_TIMESTAMP(6)", None);
+        sql.push_str(";COMMIT");
+        conn.query_drop(sql).await.map_err(err)
+    }
+    .await;
     close(conn).await;
     result
 }
@@ -519,6 +535,9 @@ async fn commit(
     chunk: &SnapshotChunk,
     rows: usize,
 ) -> Result<(), Failure> {
+    super::fence::check_locked(conn, shared)
+        .await
+        .map_err(Failure::Other)?;
     let mut sql = String::new();
     push_rows(
         &mut sql,

@@ -16,9 +16,8 @@ use tokio_postgres::{Client, Statement};
 use super::errors::{connection_lost, copy_line, sink_error};
 use super::schema::{self, SinkTable};
 use super::sql::{self, Kind, Stmt, qualified};
-use super::{Shared, copy, diagnose, pipeline};
+use super::{Shared, checkpoint, copy, diagnose, fence, pipeline};
 use crate::change::{Change, Position, Table, Value};
-use crate::checkpoint;
 use crate::error::ErrorClass;
 use crate::sink::coalesce::{Row, TablePlan, coalesce};
 use crate::sink::{Batch, BoxFuture, LaneSink, SinkError};
@@ -113,7 +112,7 @@ impl PostgresLane {
         lanes: u32,
         checkpoint: Option<Position>,
     ) -> Self {
-        let checkpoint_sql = checkpoint::postgres::upsert_sql(shared.checkpoint_schema());
+        let checkpoint_sql = checkpoint::upsert_sql(shared.checkpoint_schema());
         PostgresLane {
             shared,
             client: Some(client),
@@ -235,8 +234,10 @@ impl PostgresLane {
 
         let client = self.client.as_ref().expect("connected in write()");
         let key = self.shared.lane_key(self.lane, self.lanes);
-        let ck_params = checkpoint::postgres::upsert_params(&key, self.lane, position);
+        let epoch = fence::epoch(&self.shared)?;
+        let ck_params = checkpoint::upsert_params(&key, self.lane, position, epoch);
         let ck_refs = ck_params.as_params();
+        let fence_key = self.shared.fence_keys.1;
         let param_refs: Vec<Vec<&(dyn ToSql + Sync)>> = stmts
             .iter()
             .map(|s| s.params.iter().map(|p| p as &(dyn ToSql + Sync)).collect())
@@ -271,6 +272,12 @@ impl PostgresLane {
                 None => Box::pin(async move { client.execute(prepared, params).await.map(drop) }),
             });
         }
+        // The fence check: a shared lock first, so the guarded upsert's snapshot sees any
+        // claim that committed while this batch waited for it.
+        let lock_stmt = &self.statements[fence::LOCK_SQL];
+        futures.push(Box::pin(async move {
+            client.execute(lock_stmt, &[&fence_key]).await.map(drop)
+        }));
         let ck_stmt = &self.statements[&self.checkpoint_sql];
         futures.push(Box::pin(async move {
             client.execute(ck_stmt, &ck_refs).await.map(drop)
@@ -294,11 +301,17 @@ impl PostgresLane {
                 };
                 sql::describe(stmt, &target, source)
             }
-            i if i == stmts.len() + 1 => format!(
-                "moving lane {}'s checkpoint in {} to {position}",
-                self.lane,
-                qualified(self.shared.checkpoint_schema(), checkpoint::TABLE)
-            ),
+            i if i == stmts.len() + 1 => "taking the claim's shared lock".to_owned(),
+            i if i == stmts.len() + 2 => {
+                if fence::is_guard_failure(&err) {
+                    return Err(fence::fenced(&self.shared).await.into());
+                }
+                format!(
+                    "moving lane {}'s checkpoint in {} to {position}",
+                    self.lane,
+                    qualified(self.shared.checkpoint_schema(), crate::checkpoint::TABLE)
+                )
+            }
             _ => "committing".to_owned(),
         };
         let mut error = sink_error(sink, &doing, &err);
@@ -465,7 +478,7 @@ impl PostgresLane {
         let sink = self.shared.sink();
         if !self.statements.contains_key(&self.checkpoint_sql) {
             let prepared = client.prepare(&self.checkpoint_sql).await.map_err(|e| {
-                let table = qualified(self.shared.checkpoint_schema(), checkpoint::TABLE);
+                let table = qualified(self.shared.checkpoint_schema(), crate::checkpoint::TABLE);
                 Failure::pg(
                     sink,
                     &format!("preparing the checkpoint upsert into {table}"),
@@ -474,6 +487,13 @@ impl PostgresLane {
             })?;
             self.statements
                 .insert(self.checkpoint_sql.clone(), prepared);
+        }
+        if !self.statements.contains_key(fence::LOCK_SQL) {
+            let prepared = client
+                .prepare(fence::LOCK_SQL)
+                .await
+                .map_err(|e| Failure::pg(sink, "preparing the claim's lock statement", &e))?;
+            self.statements.insert(fence::LOCK_SQL.to_owned(), prepared);
         }
         for stmt in stmts {
             if self.statements.contains_key(&stmt.sql) {

@@ -39,10 +39,12 @@
 //! The initial snapshot's bulk path (`COPY` into the target tables) and the snapshot state
 //! table are in `snapshot.rs`.
 
+mod checkpoint;
 mod copy;
 mod diagnose;
 mod encode;
 mod errors;
+mod fence;
 mod lane;
 mod pipeline;
 mod schema;
@@ -51,6 +53,7 @@ pub(crate) mod sql;
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use tokio_postgres::{Client, NoTls};
@@ -58,9 +61,9 @@ use tokio_postgres::{Client, NoTls};
 use self::errors::sink_error;
 use self::lane::PostgresLane;
 use self::sql::qualified;
-use super::{BoxFuture, LaneSink, SinkConnector, SinkError, SnapshotChunk, SnapshotState};
+use super::{BoxFuture, LaneSink, Lease, SinkConnector, SinkError, SnapshotChunk, SnapshotState};
 use crate::change::{Change, Position, Table};
-use crate::checkpoint::{self, LaneKey};
+use crate::checkpoint::{Holder, LaneKey};
 
 /// Startup options of every session (see the module docs).
 const SESSION_OPTIONS: &str = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres \
@@ -113,6 +116,10 @@ struct Shared {
     options: PostgresSinkOptions,
     /// Built once; holds the password, so this type has no derived Debug.
     config: tokio_postgres::Config,
+    /// This instance's claim epoch (0 until claimed); every write is fenced on it.
+    epoch: AtomicU64,
+    /// The advisory lock keys of the claim: (live, fence), see `fence.rs`.
+    fence_keys: (i64, i64),
 }
 
 /// A configured PostgreSQL sink.
@@ -149,10 +156,17 @@ impl PostgresConnector {
         if let Some(password) = &opts.password {
             config.password(password);
         }
+        let fence_keys = crate::checkpoint::fence::lock_keys(
+            opts.schema.as_deref().unwrap_or("public"),
+            &opts.pipeline,
+            &opts.connector,
+        );
         PostgresConnector {
             shared: Arc::new(Shared {
                 options: opts,
                 config,
+                epoch: AtomicU64::new(0),
+                fence_keys,
             }),
             snapshot: snapshot::Pool::default(),
         }
@@ -220,13 +234,13 @@ impl SinkConnector for PostgresConnector {
             let o = &shared.options;
             super::check_checkpoint_names(&o.pipeline, &o.connector)?;
             let client = shared.connect().await?;
-            let create = checkpoint::postgres::create_table_sql(shared.checkpoint_schema());
+            let create = checkpoint::create_table_sql(shared.checkpoint_schema());
             client.batch_execute(&create).await.map_err(|e| {
                 sink_error(
                     shared.sink(),
                     &format!(
                         "creating the checkpoint table {}",
-                        qualified(shared.checkpoint_schema(), checkpoint::TABLE)
+                        qualified(shared.checkpoint_schema(), crate::checkpoint::TABLE)
                     ),
                     &e,
                 )
@@ -251,18 +265,8 @@ impl SinkConnector for PostgresConnector {
             let shared = Arc::clone(&self.shared);
             let client = shared.connect().await?;
             let key = shared.lane_key(lane, lanes);
-            let checkpoint = checkpoint::postgres::load(&client, shared.checkpoint_schema(), &key)
-                .await
-                .map_err(|e| {
-                    sink_error(
-                        shared.sink(),
-                        &format!(
-                            "loading lane {lane}'s checkpoint from {}",
-                            qualified(shared.checkpoint_schema(), checkpoint::TABLE)
-                        ),
-                        &e,
-                    )
-                })?;
+            fence::epoch(&shared)?;
+            let checkpoint = checkpoint::load(&client, &shared, &key).await?;
             tracing::debug!(
                 sink = shared.sink(),
                 lane,
@@ -280,14 +284,14 @@ impl SinkConnector for PostgresConnector {
             let shared = &self.shared;
             let client = shared.connect().await?;
             let key = shared.lane_key(0, lanes);
-            checkpoint::postgres::frontier(&client, shared.checkpoint_schema(), &key)
+            checkpoint::frontier(&client, shared.checkpoint_schema(), &key)
                 .await
                 .map_err(|e| {
                     sink_error(
                         shared.sink(),
                         &format!(
                             "reading the durable frontier from {}",
-                            qualified(shared.checkpoint_schema(), checkpoint::TABLE)
+                            qualified(shared.checkpoint_schema(), crate::checkpoint::TABLE)
                         ),
                         &e,
                     )
@@ -304,18 +308,18 @@ impl SinkConnector for PostgresConnector {
             let shared = &self.shared;
             let client = shared.connect().await?;
             let key = shared.lane_key(0, lanes);
-            checkpoint::postgres::advance(&client, shared.checkpoint_schema(), &key, frontier)
-                .await
-                .map_err(|e| {
-                    sink_error(
-                        shared.sink(),
-                        &format!(
-                            "raising idle lanes' checkpoints in {} to {frontier}",
-                            qualified(shared.checkpoint_schema(), checkpoint::TABLE)
-                        ),
-                        &e,
-                    )
-                })
+            checkpoint::advance(&client, shared, &key, frontier).await
+        })
+    }
+
+    fn claim<'a>(
+        &'a self,
+        holder: &'a Holder,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn Lease>, SinkError>> {
+        Box::pin(async move {
+            let lease = fence::claim(Arc::clone(&self.shared), holder, lease).await?;
+            Ok(Box::new(lease) as Box<dyn Lease>)
         })
     }
 

@@ -147,15 +147,22 @@ pub(super) async fn begin(shared: &Shared, chunks: &[SnapshotChunk]) -> Result<(
     let columns: Vec<&str> = chunks.iter().map(|c| c.column.as_str()).collect();
     let lowers: Vec<Option<&str>> = chunks.iter().map(|c| c.lower.as_deref()).collect();
     let uppers: Vec<Option<&str>> = chunks.iter().map(|c| c.upper.as_deref()).collect();
+    let doing = "recording a pending snapshot and its plan";
+    let err = |e: tokio_postgres::Error| state_error(shared, doing, &e);
+    client
+        .batch_execute(&create_sql(shared))
+        .await
+        .map_err(err)?;
+    client.batch_execute("BEGIN").await.map_err(err)?;
     let result = async {
-        client.batch_execute(&create_sql(shared)).await?;
-        client.batch_execute("BEGIN").await?;
+        super::fence::check_in_tx(&client, shared).await?;
         client
             .execute(
                 &format!("DELETE FROM {table} WHERE pipeline = $1::text AND connector = $2::text"),
                 &owner,
             )
-            .await?;
+            .await
+            .map_err(err)?;
         client
             .execute(
                 &format!(
@@ -164,7 +171,8 @@ pub(super) async fn begin(shared: &Shared, chunks: &[SnapshotChunk]) -> Result<(
                 ),
                 &owner,
             )
-            .await?;
+            .await
+            .map_err(err)?;
         client
             .execute(
                 &format!(
@@ -176,26 +184,48 @@ pub(super) async fn begin(shared: &Shared, chunks: &[SnapshotChunk]) -> Result<(
                     owner[0], owner[1], &names, &indexes, &columns, &lowers, &uppers,
                 ],
             )
-            .await?;
-        client.batch_execute("COMMIT").await
+            .await
+            .map_err(err)?;
+        client.batch_execute("COMMIT").await.map_err(err)
     }
     .await;
-    result.map_err(|e| state_error(shared, "recording a pending snapshot and its plan", &e))
+    if result.is_err() {
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    result
 }
 
 /// Empties the sink tables of `tables` (`TRUNCATE`, else `DELETE FROM` when truncating is
 /// refused, e.g. a table other tables' foreign keys point at).
 pub(super) async fn clear(shared: &Shared, tables: &[Arc<Table>]) -> Result<(), SinkError> {
     let client = shared.connect().await?;
+    let err = |e: tokio_postgres::Error| sink_error(shared.sink(), "checking the claim", &e);
+    // Each table is emptied in a fenced transaction of its own.
     for table in tables {
+        client.batch_execute("BEGIN").await.map_err(err)?;
+        if let Err(e) = super::fence::check_in_tx(&client, shared).await {
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(e);
+        }
         let target = qualified(shared.target_schema(table), &table.name);
+        client
+            .batch_execute("SAVEPOINT zipline_truncate")
+            .await
+            .map_err(err)?;
         if let Err(e) = client.batch_execute(&format!("TRUNCATE {target}")).await {
             tracing::debug!(sink = shared.sink(), table = %target, error = %e, "TRUNCATE refused; deleting instead");
-            client
-                .batch_execute(&format!("DELETE FROM {target}"))
-                .await
-                .map_err(|e| sink_error(shared.sink(), &format!("emptying {target}"), &e))?;
+            let deleted = async {
+                client
+                    .batch_execute("ROLLBACK TO SAVEPOINT zipline_truncate")
+                    .await?;
+                client.batch_execute(&format!("DELETE FROM {target}")).await
+            };
+            if let Err(e) = deleted.await {
+                let _ = client.batch_execute("ROLLBACK").await;
+                return Err(sink_error(shared.sink(), &format!("emptying {target}"), &e));
+            }
         }
+        client.batch_execute("COMMIT").await.map_err(err)?;
         tracing::warn!(sink = shared.sink(), table = %target, "emptied for a new snapshot");
     }
     Ok(())
@@ -204,6 +234,12 @@ pub(super) async fn clear(shared: &Shared, tables: &[Arc<Table>]) -> Result<(), 
 /// Marks the snapshot complete.
 pub(super) async fn finish(shared: &Shared) -> Result<(), SinkError> {
     let client = shared.connect().await?;
+    let err = |e: tokio_postgres::Error| state_error(shared, "marking the snapshot complete", &e);
+    client.batch_execute("BEGIN").await.map_err(err)?;
+    if let Err(e) = super::fence::check_in_tx(&client, shared).await {
+        let _ = client.batch_execute("ROLLBACK").await;
+        return Err(e);
+    }
     client
         .execute(
             &format!(
@@ -214,8 +250,8 @@ pub(super) async fn finish(shared: &Shared) -> Result<(), SinkError> {
             &[&shared.options.pipeline, &shared.options.connector],
         )
         .await
-        .map_err(|e| state_error(shared, "marking the snapshot complete", &e))
-        .map(drop)
+        .map_err(err)?;
+    client.batch_execute("COMMIT").await.map_err(err)
 }
 
 /// Writes a chunk's rows and marks it loaded, in one transaction.
@@ -354,6 +390,7 @@ async fn load_on(
             }
         }
     }
+    super::fence::check_in_tx(client, shared).await?;
     let rows = i64::try_from(rows).unwrap_or(i64::MAX);
     let index = i32::try_from(chunk.index).unwrap_or(i32::MAX);
     let marked = client

@@ -83,7 +83,7 @@ pub struct PostgresSnapshotOptions {
     pub progress_interval: Duration,
     /// The route's sinks, as connector instances of the source's own: they record the
     /// snapshot's progress and take its rows.
-    pub sinks: Vec<Box<dyn SinkConnector>>,
+    pub sinks: Vec<Arc<dyn SinkConnector>>,
     /// The route has a transform (sink tables are then not the source tables).
     pub transformed: bool,
 }

@@ -43,7 +43,14 @@ pub(crate) async fn connect_sql_with(
     }
     let mut attempt = 0;
     loop {
-        match cfg.connect(NoTls).await {
+        // tokio-postgres's connect_timeout covers the TCP connect only; a server that accepts
+        // and then never answers the startup handshake must time out too.
+        let connected = match tokio::time::timeout(params.connect_timeout, cfg.connect(NoTls)).await
+        {
+            Ok(result) => result.map_err(ConnectFailure::Driver),
+            Err(_) => Err(ConnectFailure::Silent),
+        };
+        match connected {
             Ok((client, connection)) => {
                 tokio::spawn(async move {
                     if let Err(e) = connection.await {
@@ -53,37 +60,61 @@ pub(crate) async fn connect_sql_with(
                 return Ok(client);
             }
             Err(e) => {
-                let db_error = e.as_db_error().is_some();
+                let db_error = matches!(&e, ConnectFailure::Driver(d) if d.as_db_error().is_some());
                 attempt += 1;
                 if db_error || attempt > retries {
                     return Err(connect_error(params, &e, attempt, db_error));
                 }
                 let delay = Duration::from_millis(200 * (1 << attempt.min(5)));
-                tracing::warn!(host = %params.host, port = params.port, attempt, retries, delay_ms = delay.as_millis() as u64, error = %e, "cannot reach PostgreSQL yet; retrying");
+                tracing::warn!(host = %params.host, port = params.port, attempt, retries, delay_ms = delay.as_millis() as u64, error = %e.reason(params), "cannot reach PostgreSQL yet; retrying");
                 tokio::time::sleep(delay).await;
             }
         }
     }
 }
 
+/// Why a connection attempt failed.
+enum ConnectFailure {
+    Driver(tokio_postgres::Error),
+    /// No answer to the startup handshake within `connect_timeout`.
+    Silent,
+}
+
+impl ConnectFailure {
+    /// The cause, with the driver's whole chain (each cause once).
+    fn reason(&self, params: &ConnectParams) -> String {
+        match self {
+            ConnectFailure::Silent => format!(
+                "the server accepted the connection but did not complete the startup \
+                 handshake within {:?} (connect_timeout)",
+                params.connect_timeout
+            ),
+            ConnectFailure::Driver(e) => e
+                .as_db_error()
+                .map(|d| d.message().to_owned())
+                .unwrap_or_else(|| {
+                    let mut text = e.to_string();
+                    let mut src = std::error::Error::source(e);
+                    while let Some(s) = src {
+                        let next = s.to_string();
+                        if !text.contains(&next) {
+                            text = format!("{text}: {next}");
+                        }
+                        src = s.source();
+                    }
+                    text
+                }),
+        }
+    }
+}
+
 fn connect_error(
     params: &ConnectParams,
-    e: &tokio_postgres::Error,
+    e: &ConnectFailure,
     attempts: u32,
     db_error: bool,
 ) -> SourceError {
-    let reason = e
-        .as_db_error()
-        .map(|d| d.message().to_owned())
-        .unwrap_or_else(|| {
-            let mut text = e.to_string();
-            let mut src = std::error::Error::source(e);
-            while let Some(s) = src {
-                text = format!("{text}: {s}");
-                src = s.source();
-            }
-            text
-        });
+    let reason = e.reason(params);
     let where_ = format!(
         "PostgreSQL at {}:{} (database {}, user {})",
         params.host, params.port, params.database, params.user

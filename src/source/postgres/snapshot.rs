@@ -69,7 +69,7 @@ pub(crate) struct Setup {
     /// Period of the progress log lines.
     pub(crate) progress_interval: Duration,
     /// The route's sinks (connector instances of the source's own).
-    pub(crate) sinks: Vec<Box<dyn SinkConnector>>,
+    pub(crate) sinks: Vec<Arc<dyn SinkConnector>>,
     /// The route has a transform: sink tables are not the source tables.
     pub(crate) transformed: bool,
 }
@@ -362,7 +362,7 @@ struct Shared {
     params: ConnectParams,
     retries: u32,
     tables: Vec<Arc<Table>>,
-    sinks: Vec<Box<dyn SinkConnector>>,
+    sinks: Vec<Arc<dyn SinkConnector>>,
     queue: Mutex<VecDeque<Job>>,
     progress: Arc<Progress>,
     position: Position,

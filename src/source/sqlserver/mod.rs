@@ -103,7 +103,7 @@ impl std::fmt::Debug for SqlServerSourceOptions {
 /// A sink of the route, asked where to resume and told what is durable.
 pub struct SinkLanes {
     /// The sink connector.
-    pub connector: Box<dyn SinkConnector>,
+    pub connector: std::sync::Arc<dyn SinkConnector>,
     /// Its lane count.
     pub lanes: u32,
 }

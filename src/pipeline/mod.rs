@@ -1,6 +1,9 @@
 //! Wiring and the run loop: preflight everything, then create the slot, open the lanes, stream,
 //! and on shutdown drain: stop reading, let every lane commit what it holds, confirm the
-//! durable frontier, exit.
+//! durable frontier, exit. Before anything else the process claims the pipeline in every
+//! sink ([`instance`]), so a second instance is refused at once.
+
+mod instance;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -54,7 +57,7 @@ pub enum PipelineError {
 }
 
 struct SinkPlan {
-    connector: Box<dyn SinkConnector>,
+    connector: Arc<dyn SinkConnector>,
     lanes: u32,
     queue_capacity: usize,
     lane_cfg: LaneConfig,
@@ -77,18 +80,37 @@ pub async fn run(
             });
         }
     };
-    let source_err = |error| PipelineError::Source {
-        connector: route.from.clone(),
-        error,
-    };
     let sinks: Vec<SinkPlan> = route
         .to
         .iter()
         .map(|name| sink_plan(&pipeline, name))
         .collect::<Result<_, _>>()?;
+    let connectors: Vec<Arc<dyn SinkConnector>> =
+        sinks.iter().map(|s| Arc::clone(&s.connector)).collect();
 
+    // One live instance per pipeline, before the first step that reads or writes anything.
+    let mut claims = instance::claim(&connectors, pipeline.settings.instance_lease)
+        .await
+        .map_err(|(connector, error)| PipelineError::Sink { connector, error })?;
+    let result = run_claimed(pipeline, route, sinks, connectors, &mut claims, shutdown).await;
+    claims.end(true).await;
+    result
+}
+
+async fn run_claimed(
+    pipeline: config::Pipeline,
+    route: config::Route,
+    sinks: Vec<SinkPlan>,
+    connectors: Vec<Arc<dyn SinkConnector>>,
+    claims: &mut instance::Claims,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), PipelineError> {
+    let source_err = |error| PipelineError::Source {
+        connector: route.from.clone(),
+        error,
+    };
     // Preflight: nothing is created until every check has passed.
-    let mut source = preflight_source(&pipeline, &route.from).await?;
+    let mut source = preflight_source(&pipeline, &route.from, &connectors).await?;
     // A transform may drop, rename or add tables, so what reaches the sinks is known only
     // change by change: their tables are then checked when changes are applied.
     let sink_tables = if route.transform.is_some() {
@@ -181,6 +203,7 @@ pub async fn run(
     let mut shutdown = std::pin::pin!(shutdown);
     let mut first_error: Option<PipelineError> = None;
     let mut stopping = false;
+    let mut claim_lost = false;
     let source_result = loop {
         tokio::select! {
             () = &mut shutdown, if !stopping => {
@@ -194,6 +217,14 @@ pub async fn run(
                     first_error.get_or_insert(err);
                     let _ = stop_tx.send(StopMode::Abort);
                 }
+            }
+            lost = &mut claims.lost, if !claim_lost => {
+                claim_lost = true;
+                // Err: the renewing task ended, which happens only once the run is over.
+                let Ok((connector, error)) = lost else { continue };
+                tracing::error!(pipeline = %pipeline.name, sink = %connector, error = %error, "another instance took over; stopping without writing");
+                first_error.get_or_insert(PipelineError::Sink { connector, error });
+                let _ = stop_tx.send(StopMode::Abort);
             }
             res = &mut source_task => break res,
         }
@@ -238,7 +269,18 @@ fn lane_failure(
 async fn preflight_source(
     pipeline: &config::Pipeline,
     name: &str,
+    connectors: &[Arc<dyn SinkConnector>],
 ) -> Result<Box<dyn Source>, PipelineError> {
+    let shared = |to: &str| -> Result<Arc<dyn SinkConnector>, PipelineError> {
+        connectors
+            .iter()
+            .find(|c| c.name() == to)
+            .cloned()
+            .ok_or_else(|| PipelineError::Invalid {
+                pipeline: pipeline.name.clone(),
+                message: format!("route target {to} is not a sink connector"),
+            })
+    };
     let source_err = |error| PipelineError::Source {
         connector: name.to_owned(),
         error,
@@ -275,7 +317,7 @@ async fn preflight_source(
                 for route in pipeline.routes.iter().filter(|r| r.from == name) {
                     transformed |= route.transform.is_some();
                     for to in &route.to {
-                        sinks.push(sink_plan(pipeline, to)?.connector);
+                        sinks.push(shared(to)?);
                     }
                 }
                 source = source.with_snapshot(crate::source::postgres::PostgresSnapshotOptions {
@@ -294,10 +336,9 @@ async fn preflight_source(
             let mut sinks = Vec::new();
             for route in pipeline.routes.iter().filter(|r| r.from == name) {
                 for to in &route.to {
-                    let plan = sink_plan(pipeline, to)?;
                     sinks.push(crate::source::sqlserver::SinkLanes {
-                        connector: plan.connector,
-                        lanes: plan.lanes,
+                        connector: shared(to)?,
+                        lanes: sink_plan(pipeline, to)?.lanes,
                     });
                 }
             }
@@ -336,10 +377,10 @@ async fn preflight_source(
 }
 
 fn sink_plan(pipeline: &config::Pipeline, name: &str) -> Result<SinkPlan, PipelineError> {
-    let (connector, tuning): (Box<dyn SinkConnector>, _) =
+    let (connector, tuning): (Arc<dyn SinkConnector>, _) =
         match pipeline.connector(name).map(|c| &c.kind) {
             Some(ConnectorKind::MysqlSink(my)) => (
-                Box::new(
+                Arc::new(
                     MysqlConnector::new(MysqlSinkOptions {
                         connector: name.to_owned(),
                         pipeline: pipeline.name.clone(),
@@ -355,7 +396,7 @@ fn sink_plan(pipeline: &config::Pipeline, name: &str) -> Result<SinkPlan, Pipeli
                 &my.tuning,
             ),
             Some(ConnectorKind::PostgresSink(pg)) => (
-                Box::new(crate::sink::postgres::PostgresConnector::new(
+                Arc::new(crate::sink::postgres::PostgresConnector::new(
                     crate::sink::postgres::PostgresSinkOptions {
                         connector: name.to_owned(),
                         pipeline: pipeline.name.clone(),

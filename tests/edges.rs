@@ -1,0 +1,12 @@
+//! Every row, even at the edges: the situations where rows used to be lost silently, each
+//! reproduced against real servers and the real binary.
+//!
+//! - `instances`: a second `pipeline apply` of a running pipeline (during its initial
+//!   snapshot, and later) is refused at once naming the holder; a frozen instance is taken
+//!   over once its heartbeat is a lease old, and when it wakes up it stops without writing.
+
+mod common;
+mod e2e;
+
+#[path = "edges/instances.rs"]
+mod instances;
