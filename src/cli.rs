@@ -1,6 +1,7 @@
 //! Command-line edge: argument parsing, logging setup, signals, exit codes. The only place
 //! that uses `anyhow`.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -25,6 +26,41 @@ enum Command {
     /// Work with WebAssembly transforms.
     #[command(subcommand)]
     Transform(TransformCommand),
+    /// Work with the changes sinks set aside (`on_error: dead_letter`).
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// List every dead letter in the pipeline's sinks (works while the pipeline runs).
+    List(DlqListArgs),
+    /// Apply dead letters again once the sink is fixed, and remove those that applied. Each
+    /// key's dead letters replay together, in order. Refused while the pipeline runs.
+    Replay(DlqReplayArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct DlqListArgs {
+    #[command(flatten)]
+    file: FileArgs,
+    /// One JSON object per dead letter instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false, id = "which")]
+struct DlqReplayArgs {
+    #[command(flatten)]
+    file: FileArgs,
+    /// Replay these dead letters (ids from `dlq list`), with the other dead letters of their
+    /// keys.
+    #[arg(long = "id", value_name = "N", group = "which")]
+    ids: Vec<u64>,
+    /// Replay every dead letter.
+    #[arg(long, group = "which")]
+    all: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,16 +159,88 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Transform(TransformCommand::Test(args)) => transform_test(&args),
+        Command::Dlq(command) => dlq(command),
         Command::Pipeline(PipelineCommand::Apply(args)) => {
             let pipeline = load(&args)?;
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            runtime.block_on(async move {
+            runtime()?.block_on(async move {
                 zipline::pipeline::run(pipeline, shutdown_signal()).await?;
                 Ok(())
             })
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// `zipline dlq list|replay`.
+fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    use zipline::pipeline::dlq;
+    match command {
+        DlqCommand::List(args) => {
+            let pipeline = load(&args.file)?;
+            let sinks = runtime()?.block_on(dlq::list(&pipeline))?;
+            let mut out = std::io::stdout().lock();
+            for sink in &sinks {
+                for r in &sink.records {
+                    if args.json {
+                        let record = serde_json::json!({
+                            "sink": sink.sink, "id": r.id, "position": r.position,
+                            "table": r.table, "op": r.op, "key": r.key, "code": r.code,
+                            "reason": r.reason, "created_at": r.created_at,
+                            "change": serde_json::from_str::<serde_json::Value>(&r.change)
+                                .unwrap_or(serde_json::Value::Null),
+                        });
+                        writeln!(out, "{record}")?;
+                    } else {
+                        writeln!(
+                            out,
+                            "{}\t#{}\t{}\t{} {} key {}\t{}{}",
+                            sink.sink,
+                            r.id,
+                            r.position,
+                            r.op,
+                            r.table,
+                            r.key,
+                            r.code
+                                .as_deref()
+                                .map(|c| format!("[{c}] "))
+                                .unwrap_or_default(),
+                            r.reason
+                        )?;
+                    }
+                }
+            }
+            let total: usize = sinks.iter().map(|s| s.records.len()).sum();
+            eprintln!("{total} dead letters in {} sinks", sinks.len());
+            Ok(())
+        }
+        DlqCommand::Replay(args) => {
+            let pipeline = load(&args.file)?;
+            let selection = if args.all {
+                dlq::Selection::All
+            } else {
+                dlq::Selection::Ids(args.ids.clone())
+            };
+            let reports = runtime()?.block_on(dlq::replay(&pipeline, &selection))?;
+            let mut failed = 0;
+            for r in &reports {
+                eprintln!("sink {}: {} dead letters replayed", r.sink, r.replayed);
+                for (ids, reason) in &r.failed {
+                    failed += ids.len();
+                    eprintln!("sink {}: kept {ids:?}: {reason}", r.sink);
+                }
+            }
+            if failed > 0 {
+                anyhow::bail!(
+                    "{failed} dead letters are still rejected by their sink and were kept"
+                );
+            }
+            Ok(())
         }
     }
 }

@@ -4,9 +4,14 @@
 //! - `instances`: a second `pipeline apply` of a running pipeline (during its initial
 //!   snapshot, and later) is refused at once naming the holder; a frozen instance is taken
 //!   over once its heartbeat is a lease old, and when it wakes up it stops without writing.
+//! - `dead_letters`: a row the sink rejects follows `on_error`: dead-lettered with its key
+//!   parked and replayed in order by `zipline dlq replay` (a conflict on the sink's extra
+//!   unique key included), skipped, or halting with the row named.
 
 mod common;
 mod e2e;
 
+#[path = "edges/dead_letters.rs"]
+mod dead_letters;
 #[path = "edges/instances.rs"]
 mod instances;

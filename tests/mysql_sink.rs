@@ -28,6 +28,8 @@ fn options(db: &MariaDb) -> MysqlSinkOptions {
         user: "root".into(),
         password: None,
         connect_timeout: Duration::from_secs(5),
+        dead_letter_table: "_zipline_dead_letters".into(),
+        create_dead_letter_table: false,
     }
 }
 
@@ -121,6 +123,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge() {
             delete(&t, pos(101, 1), vec![Value::Int4(3)]),
             upsert(&t, pos(101, 2), order_row(2, "two again", 8)),
         ],
+        ..Batch::default()
     };
     lane.apply(&batch)
         .await
@@ -159,6 +162,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge() {
     lane.apply(&Batch {
         lane: 0,
         changes: vec![upsert(&t, pos(102, 1), toast)],
+        ..Batch::default()
     })
     .await
     .unwrap_or_else(|e| panic!("{}", e.message));
@@ -179,6 +183,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge() {
     lane.apply(&Batch {
         lane: 0,
         changes: vec![moved],
+        ..Batch::default()
     })
     .await
     .unwrap_or_else(|e| panic!("{}", e.message));
@@ -227,6 +232,7 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
             ),
             upsert(&t, pos(200, 2), order_row(1, "locked", 1)),
         ],
+        ..Batch::default()
     };
     let mut admin = db.conn("").await;
     let killer = async {
@@ -294,6 +300,7 @@ async fn bad_rows_are_definite_and_leave_the_lane_usable() {
             upsert(&tags, pos(300, 1), row(1, "ok")),
             upsert(&tags, pos(300, 2), row(2, "far too long")),
         ],
+        ..Batch::default()
     };
     let err = lane.apply(&bad).await.expect_err("too long for VARCHAR(5)");
     assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
@@ -317,6 +324,7 @@ async fn bad_rows_are_definite_and_leave_the_lane_usable() {
             r[3] = Value::Numeric("1;DROP TABLE orders".into());
             r
         })],
+        ..Batch::default()
     };
     let err = lane.apply(&malformed).await.expect_err("malformed numeric");
     assert_eq!(err.class, ErrorClass::Definite);
@@ -334,6 +342,7 @@ async fn bad_rows_are_definite_and_leave_the_lane_usable() {
             r[3] = Value::Float8(f64::NAN);
             r
         })],
+        ..Batch::default()
     };
     lane.apply(&nan)
         .await
@@ -347,6 +356,7 @@ async fn bad_rows_are_definite_and_leave_the_lane_usable() {
     lane.apply(&Batch {
         lane: 0,
         changes: vec![upsert(&tags, pos(300, 5), row(1, "ok"))],
+        ..Batch::default()
     })
     .await
     .unwrap_or_else(|e| panic!("{}", e.message));
@@ -452,6 +462,7 @@ async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
         sink.apply(&Batch {
             lane,
             changes: vec![upsert(&t, at, order_row(lane as i32, "x", 1))],
+            ..Batch::default()
         })
         .await
         .unwrap_or_else(|e| panic!("{}", e.message));
@@ -512,6 +523,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let batch = |id: i32, at| Batch {
         lane: 0,
         changes: vec![upsert(&t, at, order_row(id, "x", 1))],
+        ..Batch::default()
     };
     lane.apply(&batch(1, pos(100, 1)))
         .await
@@ -571,5 +583,108 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     assert_eq!(
         db.sql(DB, "SELECT GROUP_CONCAT(id ORDER BY id) FROM orders"),
         "1,2"
+    );
+}
+
+/// A sink table with a unique key besides its key: a change whose row conflicts on it with
+/// another row fails naming both keys, and never overwrites (or, in the snapshot, deletes)
+/// the other row. The PostgreSQL sink has always refused such rows (23505).
+#[tokio::test]
+async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_neither() {
+    use zipline::sink::{SinkErrorKind, SnapshotChunk};
+    let db = server(
+        "CREATE TABLE members (id INT PRIMARY KEY, email VARCHAR(64) NOT NULL, \
+                     note TEXT NULL, UNIQUE KEY uq_email (email))",
+    );
+    let connector = claimed(MysqlConnector::new(options(&db))).await;
+    let t = table(
+        "members",
+        &[("id", true), ("email", false), ("note", false)],
+    );
+    connector
+        .check_tables(std::slice::from_ref(&t))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let row = |id: i32, email: &str, note: &str| {
+        vec![
+            Value::Int4(id),
+            Value::Text(email.into()),
+            Value::Text(note.into()),
+        ]
+    };
+    let mut lane = open(&connector, 0, 1).await;
+    lane.apply(&Batch::new(
+        0,
+        vec![
+            upsert(&t, pos(10, 1), row(1, "a@x", "first")),
+            upsert(&t, pos(10, 2), row(2, "b@x", "second")),
+        ],
+    ))
+    .await
+    .unwrap_or_else(|e| panic!("{}", e.message));
+
+    // Row 12 arrives with row 1's email: before the guard, ON DUPLICATE KEY UPDATE rewrote
+    // row 1 with row 12's values and row 12 never arrived.
+    let err = lane
+        .apply(&Batch::new(
+            0,
+            vec![upsert(&t, pos(11, 1), row(12, "a@x", "twelve"))],
+        ))
+        .await
+        .err()
+        .expect("a conflict on another unique key is an error");
+    assert_eq!(err.class, ErrorClass::Definite);
+    assert_eq!(err.kind, SinkErrorKind::UniqueConflict);
+    assert!(
+        err.message.contains(
+            "row (id)=(12) has unique key `uq_email` (email)=('a@x') of the sink's row (id)=(1)"
+        ),
+        "{}",
+        err.message
+    );
+    // An existing row taking another's email: the server names the key, the guard the rows.
+    let err = lane
+        .apply(&Batch::new(
+            0,
+            vec![upsert(&t, pos(11, 2), row(2, "a@x", "moved"))],
+        ))
+        .await
+        .err()
+        .expect("a conflict on another unique key is an error");
+    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.message);
+    assert!(err.message.contains("(id)=(2)"), "{}", err.message);
+    assert_eq!(
+        db.sql(DB, "SELECT id, email, note FROM members ORDER BY id"),
+        "1\ta@x\tfirst\n2\tb@x\tsecond"
+    );
+    assert_eq!(lane.checkpoint(), Some(pos(10, 2)));
+
+    // The snapshot path: LOAD DATA … REPLACE would have deleted row 1 to make room.
+    let chunk = SnapshotChunk {
+        table: "public.members".into(),
+        index: 0,
+        column: "id".into(),
+        lower: None,
+        upper: None,
+    };
+    connector
+        .snapshot_begin(std::slice::from_ref(&chunk))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let err = connector
+        .snapshot_load_rows(&chunk, &t, &[row(3, "c@x", "ok"), row(13, "b@x", "clash")])
+        .await
+        .err()
+        .expect("a snapshot row conflicting on another unique key is an error");
+    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.message);
+    assert!(
+        err.message
+            .contains("row (id)=(13) has unique key `uq_email` (email)=('b@x')"),
+        "{}",
+        err.message
+    );
+    assert_eq!(
+        db.sql(DB, "SELECT id, email, note FROM members ORDER BY id"),
+        "1\ta@x\tfirst\n2\tb@x\tsecond"
     );
 }

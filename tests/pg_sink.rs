@@ -44,6 +44,7 @@ async fn batches_land_exactly_with_their_checkpoint_and_replays_converge() {
             delete(&t, pos(101, 1), vec![Value::Int4(3)]),
             upsert(&t, pos(101, 2), order_row(2, "two again", 8)),
         ],
+        ..Batch::default()
     };
     lane.apply(&batch)
         .await
@@ -154,6 +155,7 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
             ),
             upsert(&t, pos(200, 2), order_row(1, "locked", 1)),
         ],
+        ..Batch::default()
     };
     let admin = pg.client(DB).await;
     let killer = async {
@@ -232,7 +234,11 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
         .map(|id| upsert(&tags, pos(300, id as u32), row(id, "ok")))
         .collect();
     changes[26] = upsert(&tags, pos(300, 27), row(27, "far too long"));
-    let bad = Batch { lane: 0, changes };
+    let bad = Batch {
+        lane: 0,
+        changes,
+        ..Batch::default()
+    };
     let err = lane.apply(&bad).await.expect_err("too long for varchar(5)");
     assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
     assert!(
@@ -253,6 +259,7 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
             pos(300, 50),
             vec![Value::Int4(9), Value::Null],
         )],
+        ..Batch::default()
     };
     let err = lane.apply(&null).await.expect_err("NULL name");
     assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
@@ -280,6 +287,7 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
                 vec![Value::Int4(61), Value::Timestamp(i64::MIN + 1)],
             ),
         ],
+        ..Batch::default()
     };
     let err = lane.apply(&out_of_range).await.expect_err("out of range");
     assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
@@ -312,6 +320,7 @@ async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
         sink.apply(&Batch {
             lane,
             changes: vec![upsert(&t, at, order_row(lane as i32, "x", 1))],
+            ..Batch::default()
         })
         .await
         .unwrap_or_else(|e| panic!("{}", e.message));
@@ -401,6 +410,7 @@ async fn inserts_of_keys_the_sink_has_are_upserted_and_other_conflicts_are_defin
                 insert(pos(2, 1), 3, "c@x", "ok"),
                 insert(pos(2, 2), 4, "taken@x", "dup"),
             ],
+            ..Batch::default()
         })
         .await
         .expect_err("email taken");
@@ -493,6 +503,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let batch = |id: i32, at| Batch {
         lane: 0,
         changes: vec![upsert(&t, at, order_row(id, "x", 1))],
+        ..Batch::default()
     };
     lane.apply(&batch(1, pos(100, 1)))
         .await
@@ -559,4 +570,110 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
         ),
         "1,2"
     );
+}
+
+/// Dead letters commit with the batch and its checkpoint (once, however often the batch is
+/// retried), park their key for the lane that owns it, are superseded by a truncate of their
+/// table, and `replay` applies them and removes them in one transaction.
+#[tokio::test]
+async fn dead_letters_commit_with_the_batch_park_their_key_and_replay() {
+    use zipline::sink::DeadLetter;
+    let pg = server(ORDERS_DDL);
+    let mut opts = options(&pg);
+    opts.create_dead_letter_table = true;
+    let connector = claimed(PostgresConnector::new(opts)).await;
+    let t = orders();
+    connector
+        .check_tables(std::slice::from_ref(&t))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let dead = |id: i32, at| DeadLetter {
+        change: upsert(&t, at, order_row(id, "bad", 1)),
+        reason: format!("row {id} was refused"),
+        code: Some("22001".into()),
+    };
+    let batch = Batch {
+        lane: 0,
+        changes: vec![upsert(&t, pos(100, 1), order_row(1, "one", 1))],
+        dead_letters: vec![dead(2, pos(100, 2)), dead(3, pos(101, 1))],
+        ..Batch::default()
+    };
+    let mut lane = open(&connector, 0, 1).await;
+    lane.apply(&batch)
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    // A retry of the same batch (its COMMIT reply lost) records nothing twice.
+    lane.apply(&batch)
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    assert_eq!(lane.checkpoint(), Some(pos(101, 1)));
+    assert_eq!(
+        pg.psql(DB, "SELECT string_agg(id::text, ',') FROM orders"),
+        "1"
+    );
+    let listed = connector
+        .dead_letters()
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let summary: Vec<(String, String, Option<String>, String)> = listed
+        .iter()
+        .map(|r| {
+            (
+                r.position.clone(),
+                r.key.clone(),
+                r.code.clone(),
+                r.reason.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (
+                "0/64#2".into(),
+                "[2]".into(),
+                Some("22001".into()),
+                "row 2 was refused".into()
+            ),
+            (
+                "0/65#1".into(),
+                "[3]".into(),
+                Some("22001".into()),
+                "row 3 was refused".into()
+            ),
+        ]
+    );
+    let parked = open(&connector, 0, 1).await.parked();
+    assert_eq!(parked.len(), 2, "{parked:?}");
+    assert!(
+        parked
+            .iter()
+            .all(|k| k.table == "public.orders" && (k.key == "[2]" || k.key == "[3]"))
+    );
+
+    // Replay row 2: applied and removed together.
+    let two = &listed[0];
+    let mut tables = Vec::new();
+    let change = zipline::transform::json::change_from_json(&two.change, 0, &mut tables)
+        .unwrap_or_else(|e| panic!("{e}"));
+    lane.replay(&[Arc::new(change)], &[two.id])
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    assert_eq!(
+        pg.psql(
+            DB,
+            "SELECT string_agg(id::text, ',' ORDER BY id) FROM orders"
+        ),
+        "1,2"
+    );
+    assert_eq!(
+        lane.checkpoint(),
+        Some(pos(101, 1)),
+        "replay moves no checkpoint"
+    );
+    // A truncate of the table supersedes the rest.
+    lane.truncate(&t, pos(200, 1))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    assert!(connector.dead_letters().await.unwrap().is_empty());
 }

@@ -212,7 +212,11 @@ async fn a_value_the_column_refuses_is_definite_and_names_its_row() {
         changes.push(insert(&t, pos(20, id as u32), values));
     }
     let err = lane
-        .apply(&Batch { lane: 0, changes })
+        .apply(&Batch {
+            lane: 0,
+            changes,
+            ..Batch::default()
+        })
         .await
         .expect_err("varchar(5) refuses six characters");
     assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);

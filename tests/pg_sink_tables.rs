@@ -300,6 +300,7 @@ async fn a_new_source_column_is_added_to_the_sink_before_its_first_row() {
             pos(2, 1),
             vec![Value::Int4(2), Value::Text("y".into()), Value::Int4(7)],
         )],
+        ..Batch::default()
     };
     // The lane adds the column (nullable, the source's type) before writing the row.
     apply(&mut lane, batch.changes.clone()).await;

@@ -349,6 +349,11 @@ impl SinkConnector for FakeSink {
         self.advanced.lock().unwrap().push(frontier);
         Box::pin(async { Ok(()) })
     }
+    fn dead_letters(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<zipline::sink::DeadLetterRecord>, SinkError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     fn claim<'a>(
         &'a self,
         _: &'a zipline::checkpoint::Holder,
@@ -805,6 +810,8 @@ async fn mysql_sink_keeps_the_frontier_the_source_resumes_from() {
         user: "root".into(),
         password: None,
         connect_timeout: Duration::from_secs(5),
+        dead_letter_table: "_zipline_dead_letters".into(),
+        create_dead_letter_table: false,
     });
     let table = Arc::new(Table::new(
         "dbo".into(),
@@ -845,6 +852,7 @@ async fn mysql_sink_keeps_the_frontier_the_source_resumes_from() {
             old_key: None,
             values: vec![Value::Int4(id), Value::Text("x".into())],
         })],
+        ..Batch::default()
     };
     assert_eq!(sink.durable_frontier(2).await.unwrap(), None, "nothing yet");
     let mut lane0 = sink.open_lane(0, 2).await.unwrap();

@@ -19,6 +19,7 @@ use super::model::{
     Connector, ConnectorKind, MysqlSink, PostgresSnapshot, PostgresSource, SinkTuning,
 };
 use super::secrets::{SecretRef, secret_field, secret_refs};
+use super::transform::OnError;
 
 const SOURCE_POSTGRES: &str = "source/postgres";
 const SINK_MYSQL: &str = "sink/mysql";
@@ -62,7 +63,10 @@ const MYSQL_FIELDS: &[&str] = &[
     "max_wait",
     "queue_capacity",
     "connect_timeout",
-    "max_retries",
+    "statement_timeout",
+    "sink_outage_timeout",
+    "on_error",
+    "dead_letter_table",
 ];
 
 /// Fields that may come from `secret_refs`, the same for both types for now.
@@ -196,8 +200,51 @@ pub(super) fn sink_tuning(f: &Fields<'_>) -> Result<SinkTuning> {
         connect_timeout: f
             .optional("connect_timeout", &duration)?
             .unwrap_or(Duration::from_secs(10)),
-        max_retries: f.optional("max_retries", &retries)?.unwrap_or(10),
+        statement_timeout: f
+            .optional("statement_timeout", &duration)?
+            .unwrap_or(Duration::from_secs(60)),
+        outage_timeout: f
+            .optional("sink_outage_timeout", &duration)?
+            .unwrap_or(Duration::from_secs(300)),
+        on_error: f
+            .optional("on_error", &sink_on_error)?
+            .unwrap_or(OnError::Halt),
+        dead_letter_table: f
+            .optional("dead_letter_table", &table_name)?
+            .unwrap_or_else(|| DEAD_LETTER_TABLE.to_owned()),
     })
+}
+
+/// The default `dead_letter_table`.
+pub(crate) const DEAD_LETTER_TABLE: &str = "_zipline_dead_letters";
+
+fn sink_on_error(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<OnError> {
+    match non_empty(ctx, path, value)?.as_str() {
+        "halt" => Ok(OnError::Halt),
+        "skip" => Ok(OnError::Skip),
+        "dead_letter" => Ok(OnError::DeadLetter),
+        other => Err(ctx.err(
+            path,
+            format!("unknown policy `{other}`; expected halt, skip or dead_letter"),
+        )),
+    }
+}
+
+/// A table name both MySQL (64 characters) and PostgreSQL (63 bytes) take as written.
+fn table_name(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
+    let s = non_empty(ctx, path, value)?;
+    let plain = s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && !s.starts_with(|c: char| c.is_ascii_digit());
+    if !plain || s.len() > PG_NAME_MAX {
+        return Err(ctx.err(
+            path,
+            format!(
+                "invalid table name `{s}`: use letters, digits and underscores (not first), at \
+                 most {PG_NAME_MAX} characters"
+            ),
+        ));
+    }
+    Ok(s)
 }
 
 /// Upper bound for batch and queue sizes: far above any sane value, and fits `usize` on
@@ -357,12 +404,15 @@ connectors:
                 k.tuning.lanes,
                 k.tuning.batch_size,
                 k.tuning.queue_capacity,
-                k.tuning.max_retries
+                k.tuning.on_error
             ),
-            (4, 1000, 4096, 10)
+            (4, 1000, 4096, OnError::Halt)
         );
         assert_eq!(k.tuning.max_wait, Duration::from_millis(20));
         assert_eq!(k.tuning.connect_timeout, Duration::from_secs(10));
+        assert_eq!(k.tuning.dead_letter_table, "_zipline_dead_letters");
+        assert_eq!(k.tuning.outage_timeout, Duration::from_secs(300));
+        assert_eq!(k.tuning.statement_timeout, Duration::from_secs(60));
     }
 
     #[test]
@@ -416,7 +466,10 @@ connectors:
     max_wait: 5ms
     queue_capacity: 100
     connect_timeout: 1m
-    max_retries: 0
+    on_error: dead_letter
+    dead_letter_table: my_dead
+    sink_outage_timeout: 2m
+    statement_timeout: 15s
     secret_refs: [{ field: password, ref: mysql-pw }]
 routes:
   - from: src
@@ -443,12 +496,15 @@ routes:
                 k.tuning.lanes,
                 k.tuning.batch_size,
                 k.tuning.queue_capacity,
-                k.tuning.max_retries
+                k.tuning.on_error
             ),
-            (256, 50, 100, 0)
+            (256, 50, 100, OnError::DeadLetter)
         );
         assert_eq!(k.tuning.max_wait, Duration::from_millis(5));
         assert_eq!(k.tuning.connect_timeout, Duration::from_secs(60));
+        assert_eq!(k.tuning.dead_letter_table, "my_dead");
+        assert_eq!(k.tuning.outage_timeout, Duration::from_secs(120));
+        assert_eq!(k.tuning.statement_timeout, Duration::from_secs(15));
         let debug = format!("{p:?}");
         assert!(!debug.contains("m-secret") && !debug.contains("inline-pw"));
     }

@@ -207,8 +207,19 @@ pub struct SinkTuning {
     pub queue_capacity: usize,
     /// Time allowed for one connection attempt. Default 10s.
     pub connect_timeout: Duration,
-    /// Transient-error retries per batch before the error becomes fatal. Default 10.
-    pub max_retries: u32,
+    /// Longest one sink statement (or a batch's commit) may go without an answer before its
+    /// connection is presumed stalled: dropped, reconnected and the batch retried. Default 60s.
+    pub statement_timeout: Duration,
+    /// How long the sink may keep failing transiently (down, unreachable, stalled) while
+    /// lanes retry with capped backoff, before the pipeline stops (`sink_outage_timeout`).
+    /// Default 5m.
+    pub outage_timeout: Duration,
+    /// What a row the sink rejects for good (too long, a constraint, a type, a missing table)
+    /// does: halt (default), skip it, or write it to `dead_letter_table`.
+    pub on_error: super::OnError,
+    /// The dead-letter table in the sink (`on_error: dead_letter`). Default
+    /// `_zipline_dead_letters`.
+    pub dead_letter_table: String,
 }
 
 /// `sink/mysql`: MySQL or MariaDB, written by parallel keyed lanes with idempotent batches.
@@ -283,7 +294,10 @@ mod tests {
                 max_wait: Duration::from_millis(20),
                 queue_capacity: 4096,
                 connect_timeout: Duration::from_secs(10),
-                max_retries: 10,
+                statement_timeout: Duration::from_secs(60),
+                outage_timeout: Duration::from_secs(300),
+                on_error: crate::config::OnError::Halt,
+                dead_letter_table: "_zipline_dead_letters".into(),
             },
         };
         let p = Pipeline {

@@ -29,7 +29,10 @@ pub(crate) const FIELDS: &[&str] = &[
     "max_wait",
     "queue_capacity",
     "connect_timeout",
-    "max_retries",
+    "statement_timeout",
+    "sink_outage_timeout",
+    "on_error",
+    "dead_letter_table",
 ];
 
 /// PostgreSQL names are at most NAMEDATALEN - 1 = 63 bytes; the server truncates longer ones,
@@ -71,7 +74,7 @@ fn pg_name(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{ConnectorKind, LoadOptions, Pipeline, load_str};
+    use super::super::{ConnectorKind, LoadOptions, OnError, Pipeline, load_str};
     use super::*;
     use std::time::Duration;
 
@@ -136,9 +139,9 @@ connectors:
                 k.tuning.lanes,
                 k.tuning.batch_size,
                 k.tuning.queue_capacity,
-                k.tuning.max_retries
+                k.tuning.on_error
             ),
-            (4, 1000, 4096, 10)
+            (4, 1000, 4096, OnError::Halt)
         );
         assert_eq!(k.tuning.max_wait, Duration::from_millis(20));
         assert_eq!(k.tuning.connect_timeout, Duration::from_secs(10));
@@ -157,7 +160,8 @@ connectors:
     max_wait: 5ms
     queue_capacity: 100
     connect_timeout: 3s
-    max_retries: 0
+    on_error: skip
+    sink_outage_timeout: 90s
     secret_refs: [{ field: password, ref: pg-sink-pw }]
 ";
         let o = opts(&[("ZIPLINE_SECRET_PG_SINK_PW", "s3cret")]);
@@ -172,11 +176,12 @@ connectors:
                 k.tuning.lanes,
                 k.tuning.batch_size,
                 k.tuning.queue_capacity,
-                k.tuning.max_retries
+                k.tuning.on_error
             ),
-            (8, 500, 100, 0)
+            (8, 500, 100, OnError::Skip)
         );
         assert_eq!(k.tuning.max_wait, Duration::from_millis(5));
+        assert_eq!(k.tuning.outage_timeout, Duration::from_secs(90));
         assert_eq!(k.tuning.connect_timeout, Duration::from_secs(3));
         let debug = format!("{p:?}");
         assert!(!debug.contains("s3cret"), "{debug}");

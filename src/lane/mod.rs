@@ -6,10 +6,12 @@
 //! commits its batches one after another. Queues are bounded, so a slow sink slows the source's
 //! read instead of growing memory.
 
+mod apply;
 mod router;
+mod settle;
 mod tracker;
 mod worker;
 
-pub use router::{Router, is_toast_move, lane_of, needs_barrier, plan};
+pub use router::{Router, is_toast_move, key_hash, lane_of, needs_barrier, plan};
 pub use tracker::{Ack, AckTracker};
 pub use worker::{LaneConfig, LaneError, LaneStats, backoff as backoff_for, run_lane};

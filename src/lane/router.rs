@@ -54,8 +54,10 @@ fn hash_value(h: &mut Fnv, v: &Value) {
     }
 }
 
-/// The lane (of `lanes`) that owns this key of this table.
-pub fn lane_of(schema: &str, table: &str, key: &[Value], lanes: u32) -> u32 {
+/// The stable hash of this key of this table: the lane of `lanes` that owns it is the hash
+/// modulo `lanes` (see [`lane_of`]). Stored with dead letters, so a lane finds its keys' dead
+/// letters whatever the lane count was when they were written.
+pub fn key_hash(schema: &str, table: &str, key: &[Value]) -> u64 {
     let mut h = Fnv(FNV_OFFSET);
     h.tagged(b's', schema.as_bytes());
     h.tagged(b't', table.as_bytes());
@@ -63,8 +65,12 @@ pub fn lane_of(schema: &str, table: &str, key: &[Value], lanes: u32) -> u32 {
         hash_value(&mut h, v);
     }
     // Fold the high bits in: FNV's low bits mix poorly for short inputs.
-    let mixed = h.0 ^ (h.0 >> 32);
-    (mixed % u64::from(lanes.max(1))) as u32
+    h.0 ^ (h.0 >> 32)
+}
+
+/// The lane (of `lanes`) that owns this key of this table.
+pub fn lane_of(schema: &str, table: &str, key: &[Value], lanes: u32) -> u32 {
+    (key_hash(schema, table, key) % u64::from(lanes.max(1))) as u32
 }
 
 /// The senders of one sink's lanes.

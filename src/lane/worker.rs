@@ -1,6 +1,7 @@
 //! One lane: take changes from a bounded queue, batch them (maximum size, maximum wait),
-//! commit each batch with the lane's checkpoint, retry transient failures with backoff, and
-//! report what became durable to the ack tracker.
+//! commit each batch with the lane's checkpoint (retrying what a retry can fix, `apply.rs`;
+//! settling rows the sink rejects for good by its `on_error`, `settle.rs`), and report what
+//! became durable to the ack tracker.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,8 +10,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::apply::{Conflicts, Work, apply};
+use super::settle::{Parked, Settled, count, settle};
 use super::tracker::Ack;
 use crate::change::{Change, Op};
+use crate::config::OnError;
 use crate::error::ErrorClass;
 use crate::sink::{Batch, LaneSink, SinkError};
 
@@ -23,8 +27,12 @@ pub struct LaneConfig {
     pub batch_size: usize,
     /// Longest a partial batch waits for more changes.
     pub max_wait: Duration,
-    /// Transient failures tolerated for one batch before the lane gives up.
-    pub max_retries: u32,
+    /// Longest one call to the sink may go unanswered before its connection counts as stalled.
+    pub statement_timeout: Duration,
+    /// How long the sink may keep failing transiently before the lane gives up.
+    pub outage_timeout: Duration,
+    /// What a change the sink rejects for good does.
+    pub on_error: OnError,
 }
 
 /// Counters a lane keeps for the progress report.
@@ -36,6 +44,10 @@ pub struct LaneStats {
     pub skipped: AtomicU64,
     /// Transient failures retried.
     pub retries: AtomicU64,
+    /// Changes recorded in the dead-letter table (`on_error: dead_letter`).
+    pub dead_lettered: AtomicU64,
+    /// Changes the sink rejected and the lane skipped (`on_error: skip`).
+    pub skipped_bad: AtomicU64,
 }
 
 /// Why a lane stopped.
@@ -67,6 +79,7 @@ pub async fn run_lane(
     };
     let mut batch: Vec<Arc<Change>> = Vec::with_capacity(cfg.batch_size);
     let mut ack = Ack::default();
+    let mut parked = Parked::new(sink.parked());
     let mut open = true;
     while open {
         // Wait for the first change of a batch as long as it takes.
@@ -75,30 +88,33 @@ pub async fn run_lane(
         };
         let deadline = Instant::now() + cfg.max_wait;
         let mut next = Some(first);
+        let mut lane_state = LaneState {
+            sink: &mut *sink,
+            lane,
+            ack: &mut ack,
+            cfg: &cfg,
+            stats: &stats,
+            parked: &mut parked,
+        };
         loop {
             if let Some(change) = next.take() {
-                if sink.checkpoint().is_some_and(|cp| change.position <= cp) {
+                if lane_state
+                    .sink
+                    .checkpoint()
+                    .is_some_and(|cp| change.position <= cp)
+                {
                     stats.skipped.fetch_add(1, Ordering::Relaxed);
-                    ack.add(change.position.lsn, 1);
+                    lane_state.ack.add(change.position.lsn, 1);
                 } else if crate::lane::is_toast_move(&change) {
                     // Alone in its batch: the sink moves the stored row (see is_toast_move).
-                    commit(&mut *sink, lane, &mut batch, &mut ack, &cfg, &stats)
-                        .await
-                        .map_err(&fail)?;
+                    lane_state.commit(&mut batch).await.map_err(&fail)?;
                     batch.push(change);
-                    commit(&mut *sink, lane, &mut batch, &mut ack, &cfg, &stats)
-                        .await
-                        .map_err(&fail)?;
+                    lane_state.commit(&mut batch).await.map_err(&fail)?;
                 } else if change.op == Op::Truncate {
                     // A truncate is applied on its own, after everything before it in this
                     // lane; the source makes it a barrier across lanes.
-                    commit(&mut *sink, lane, &mut batch, &mut ack, &cfg, &stats)
-                        .await
-                        .map_err(&fail)?;
-                    apply_with_retry(&mut *sink, &cfg, &stats, Work::Truncate(&change))
-                        .await
-                        .map_err(&fail)?;
-                    ack.add(change.position.lsn, 1);
+                    lane_state.commit(&mut batch).await.map_err(&fail)?;
+                    lane_state.truncate(&change).await.map_err(&fail)?;
                 } else {
                     batch.push(change);
                 }
@@ -127,9 +143,7 @@ pub async fn run_lane(
                 }
             }
         }
-        commit(&mut *sink, lane, &mut batch, &mut ack, &cfg, &stats)
-            .await
-            .map_err(&fail)?;
+        lane_state.commit(&mut batch).await.map_err(&fail)?;
         if !ack.is_empty() {
             // The tracker lives as long as the pipeline; if it is gone we are shutting down.
             let _ = acks.send(std::mem::take(&mut ack));
@@ -138,79 +152,95 @@ pub async fn run_lane(
     Ok(())
 }
 
-async fn commit(
-    sink: &mut dyn LaneSink,
+/// What committing needs, borrowed for one batch.
+struct LaneState<'s> {
+    sink: &'s mut dyn LaneSink,
     lane: u32,
-    batch: &mut Vec<Arc<Change>>,
-    ack: &mut Ack,
-    cfg: &LaneConfig,
-    stats: &LaneStats,
-) -> Result<(), SinkError> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    let b = Batch {
-        lane,
-        changes: std::mem::take(batch),
-    };
-    apply_with_retry(sink, cfg, stats, Work::Batch(&b)).await?;
-    for c in &b.changes {
-        ack.add(c.position.lsn, 1);
-    }
-    stats
-        .applied
-        .fetch_add(b.changes.len() as u64, Ordering::Relaxed);
-    let mut reuse = b.changes;
-    reuse.clear();
-    *batch = reuse;
-    Ok(())
+    ack: &'s mut Ack,
+    cfg: &'s LaneConfig,
+    stats: &'s LaneStats,
+    parked: &'s mut Parked,
 }
 
-/// One unit of sink work, retried whole.
-enum Work<'w> {
-    Batch(&'w Batch),
-    Truncate(&'w Change),
-}
-
-/// Run `work`, retrying transient errors with capped exponential backoff and jitter, and
-/// reconnecting before each retry.
-async fn apply_with_retry(
-    sink: &mut dyn LaneSink,
-    cfg: &LaneConfig,
-    stats: &LaneStats,
-    work: Work<'_>,
-) -> Result<(), SinkError> {
-    let mut attempt: u32 = 0;
-    loop {
-        let result = match &work {
-            Work::Batch(b) => sink.apply(b).await,
-            Work::Truncate(c) => sink.truncate(&c.table, c.position).await,
-        };
-        let err = match result {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
-        if err.class != ErrorClass::Transient {
-            return Err(err);
+impl LaneState<'_> {
+    /// Commits `batch` (emptied, its allocation kept), settling rows the sink rejects.
+    async fn commit(&mut self, batch: &mut Vec<Arc<Change>>) -> Result<(), SinkError> {
+        if batch.is_empty() {
+            return Ok(());
         }
-        attempt += 1;
-        if attempt > cfg.max_retries {
-            return Err(SinkError::fatal(format!(
-                "{} (still failing after {} retries; check that the sink is up and reachable)",
-                err.message, cfg.max_retries
-            )));
-        }
-        stats.retries.fetch_add(1, Ordering::Relaxed);
-        let delay = backoff(attempt);
-        tracing::warn!(sink = %cfg.sink, attempt, delay_ms = delay.as_millis() as u64, error = %err, "transient sink error; retrying the batch");
-        tokio::time::sleep(delay).await;
-        // A failed reconnect counts as the next attempt's failure.
-        if let Err(e) = sink.reconnect().await {
-            if e.class != ErrorClass::Transient {
+        let mut b = Batch::new(self.lane, std::mem::take(batch));
+        self.parked.divert(&mut b);
+        let positions: Vec<_> = b
+            .changes
+            .iter()
+            .chain(b.dead_letters.iter().map(|d| &d.change))
+            .map(|c| c.position.lsn)
+            .collect();
+        let done = match apply(
+            self.sink,
+            self.cfg,
+            self.stats,
+            Work::Batch(&b),
+            Conflicts::Retry,
+        )
+        .await
+        {
+            Ok(()) => Settled {
+                applied: b.changes.len() as u64,
+                dead_lettered: b.dead_letters.len() as u64,
+                ..Settled::default()
+            },
+            Err(e)
+                if e.class == ErrorClass::Definite && self.cfg.on_error != OnError::Halt
+                    || e.class == ErrorClass::Definite && b.changes.len() > 1 =>
+            {
+                let reuse = Vec::with_capacity(b.changes.len());
+                let done = settle(self.sink, self.cfg, self.stats, self.parked, b, e).await?;
+                *batch = reuse;
+                count(self.stats, &done);
+                positions.iter().for_each(|&lsn| self.ack.add(lsn, 1));
+                return Ok(());
+            }
+            Err(e) if e.class == ErrorClass::Definite => {
+                let mut one = b;
+                let change = one.changes.pop();
+                let e = match change {
+                    Some(c) => {
+                        one.changes.push(c);
+                        return settle(self.sink, self.cfg, self.stats, self.parked, one, e)
+                            .await
+                            .map(|done| {
+                                count(self.stats, &done);
+                                positions.iter().for_each(|&lsn| self.ack.add(lsn, 1));
+                            });
+                    }
+                    None => e,
+                };
                 return Err(e);
             }
-            tracing::warn!(sink = %cfg.sink, error = %e, "reconnect failed");
-        }
+            Err(e) => return Err(e),
+        };
+        count(self.stats, &done);
+        positions.iter().for_each(|&lsn| self.ack.add(lsn, 1));
+        let mut reuse = b.changes;
+        reuse.clear();
+        *batch = reuse;
+        Ok(())
+    }
+
+    /// Applies a truncate on its own; the sink removes the table's dead letters with it.
+    async fn truncate(&mut self, change: &Arc<Change>) -> Result<(), SinkError> {
+        apply(
+            self.sink,
+            self.cfg,
+            self.stats,
+            Work::Truncate(change),
+            Conflicts::Definite,
+        )
+        .await?;
+        self.parked.forget_table(&change.table.qualified_name());
+        self.ack.add(change.position.lsn, 1);
+        Ok(())
     }
 }
 

@@ -3,6 +3,7 @@
 //! durable frontier, exit. Before anything else the process claims the pipeline in every
 //! sink ([`instance`]), so a second instance is refused at once.
 
+pub mod dlq;
 mod instance;
 
 use std::future::Future;
@@ -390,6 +391,8 @@ fn sink_plan(pipeline: &config::Pipeline, name: &str) -> Result<SinkPlan, Pipeli
                         user: my.user.clone(),
                         password: my.password.as_ref().map(|s| s.expose().to_owned()),
                         connect_timeout: my.tuning.connect_timeout,
+                        dead_letter_table: my.tuning.dead_letter_table.clone(),
+                        create_dead_letter_table: my.tuning.on_error == config::OnError::DeadLetter,
                     })
                     .with_create_tables(my.create_tables),
                 ),
@@ -408,6 +411,8 @@ fn sink_plan(pipeline: &config::Pipeline, name: &str) -> Result<SinkPlan, Pipeli
                         schema: pg.schema.clone(),
                         create_tables: pg.create_tables,
                         connect_timeout: pg.tuning.connect_timeout,
+                        dead_letter_table: pg.tuning.dead_letter_table.clone(),
+                        create_dead_letter_table: pg.tuning.on_error == config::OnError::DeadLetter,
                     },
                 )),
                 &pg.tuning,
@@ -427,7 +432,9 @@ fn sink_plan(pipeline: &config::Pipeline, name: &str) -> Result<SinkPlan, Pipeli
             sink: name.to_owned(),
             batch_size: tuning.batch_size,
             max_wait: tuning.max_wait,
-            max_retries: tuning.max_retries,
+            statement_timeout: tuning.statement_timeout,
+            outage_timeout: tuning.outage_timeout,
+            on_error: tuning.on_error,
         },
     })
 }

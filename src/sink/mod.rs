@@ -27,19 +27,87 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Changes are in position order and every position is above the lane's checkpoint. For one
 /// key, a later change supersedes an earlier one (each insert or update carries the whole row),
 /// so a sink may coalesce a batch to the last change per key before writing it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Batch {
     /// Lane number, `0..lanes`.
     pub lane: u32,
-    /// The changes, in position order. Never empty.
+    /// The changes to apply, in position order.
     pub changes: Vec<Arc<Change>>,
+    /// Changes set aside instead of applied (`on_error: dead_letter`): the sink records them
+    /// in its dead-letter table in the same transaction as `changes` and the checkpoint.
+    pub dead_letters: Vec<DeadLetter>,
+    /// A position the batch covers without writing anything for it (a change skipped by
+    /// `on_error: skip`): the checkpoint moves at least this far.
+    pub skipped_to: Option<Position>,
 }
 
 impl Batch {
-    /// The position the lane's checkpoint moves to when this batch commits.
-    pub fn last_position(&self) -> Position {
-        self.changes.last().map(|c| c.position).unwrap_or_default()
+    /// A batch of `changes` for `lane`.
+    pub fn new(lane: u32, changes: Vec<Arc<Change>>) -> Self {
+        Batch {
+            lane,
+            changes,
+            ..Batch::default()
+        }
     }
+
+    /// The position the lane's checkpoint moves to when this batch commits: the highest of
+    /// its changes, dead letters and skipped position.
+    pub fn last_position(&self) -> Position {
+        let changes = self.changes.last().map(|c| c.position);
+        let dead = self.dead_letters.iter().map(|d| d.change.position).max();
+        changes.max(dead).max(self.skipped_to).unwrap_or_default()
+    }
+
+    /// True when the batch writes nothing and covers no position.
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty() && self.dead_letters.is_empty() && self.skipped_to.is_none()
+    }
+}
+
+/// A change a sink rejected for good (or one parked behind such a change of the same key),
+/// recorded instead of applied.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    /// The original change.
+    pub change: Arc<Change>,
+    /// Why: the sink's error message.
+    pub reason: String,
+    /// The sink's error code (a SQLSTATE, or a MySQL error number), when it gave one.
+    pub code: Option<String>,
+}
+
+/// A key that has a dead letter: later changes of it are dead-lettered too, behind it, so a
+/// replay can restore the key's changes in order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ParkedKey {
+    /// The change's table, `schema.name`.
+    pub table: String,
+    /// The key values as JSON (see [`crate::transform::json::key_to_json`]).
+    pub key: String,
+}
+
+/// A dead-letter record as stored in a sink (`zipline dlq list`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterRecord {
+    /// The record's id in the dead-letter table.
+    pub id: u64,
+    /// The change's position, e.g. `0/16B3A28#3`.
+    pub position: String,
+    /// The change's table, `schema.name`.
+    pub table: String,
+    /// `insert`, `update`, `delete` or `truncate`.
+    pub op: String,
+    /// The key values as JSON.
+    pub key: String,
+    /// The sink's error code, if any.
+    pub code: Option<String>,
+    /// Why the change was set aside.
+    pub reason: String,
+    /// When it was recorded, `YYYY-MM-DD HH:MM:SS` UTC.
+    pub created_at: String,
+    /// The whole change, in the `zipline transform test` JSON format.
+    pub change: String,
 }
 
 /// An error from a sink, classified by what the runtime does next.
@@ -51,6 +119,24 @@ pub struct SinkError {
     pub class: ErrorClass,
     /// What went wrong and where (sink, table, column); never contains a secret.
     pub message: String,
+    /// Where the runtime reacts to more than the class.
+    pub kind: SinkErrorKind,
+    /// The server's error code (a SQLSTATE, or a MySQL error number), when there was one.
+    pub code: Option<String>,
+}
+
+/// What kind of failure a [`SinkError`] is, where that matters beyond its class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SinkErrorKind {
+    /// Nothing more to say than the class.
+    #[default]
+    Other,
+    /// A row conflicts on a unique key other than its own key with *another* row of the
+    /// sink table (class Definite). Lanes apply different keys' changes in different orders,
+    /// so a row can meet for a moment a value another lane has yet to move away (the source
+    /// held the constraint at every commit): the runtime retries a few times before it treats
+    /// the row as definitely bad.
+    UniqueConflict,
 }
 
 impl SinkError {
@@ -59,6 +145,8 @@ impl SinkError {
         SinkError {
             class: ErrorClass::Transient,
             message: message.into(),
+            kind: SinkErrorKind::Other,
+            code: None,
         }
     }
     /// A definite error (that data is bad).
@@ -66,6 +154,8 @@ impl SinkError {
         SinkError {
             class: ErrorClass::Definite,
             message: message.into(),
+            kind: SinkErrorKind::Other,
+            code: None,
         }
     }
     /// A fatal error (operator action needed).
@@ -73,6 +163,8 @@ impl SinkError {
         SinkError {
             class: ErrorClass::Fatal,
             message: message.into(),
+            kind: SinkErrorKind::Other,
+            code: None,
         }
     }
 }
@@ -281,6 +373,10 @@ pub trait SinkConnector: Send + Sync {
         Box::pin(async move { Err(err) })
     }
 
+    /// The dead letters this sink holds for the pipeline, oldest position first (none when
+    /// the dead-letter table does not exist).
+    fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<DeadLetterRecord>, SinkError>>;
+
     /// Record the snapshot as complete (every chunk loaded into every sink).
     fn snapshot_finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         let err = snapshot::unsupported(self.name());
@@ -312,4 +408,17 @@ pub trait LaneSink: Send {
 
     /// Drop the current connection and open a new one (after a transient error).
     fn reconnect(&mut self) -> BoxFuture<'_, Result<(), SinkError>>;
+
+    /// The keys of this lane that have dead letters, as loaded when the lane opened: their
+    /// later changes are dead-lettered too (see [`ParkedKey`]).
+    fn parked(&self) -> Vec<ParkedKey>;
+
+    /// Applies `changes` (dead-lettered changes of one key, in position order) and removes
+    /// their dead-letter records `ids`, in one fenced transaction; the lane's checkpoint does
+    /// not move (`zipline dlq replay`). `Err` leaves both as they were.
+    fn replay<'a>(
+        &'a mut self,
+        changes: &'a [Arc<Change>],
+        ids: &'a [u64],
+    ) -> BoxFuture<'a, Result<(), SinkError>>;
 }

@@ -89,6 +89,12 @@ pub fn change_to_json(c: &Change) -> Json {
     Json::Object(m)
 }
 
+/// A key's values as a JSON array, the identity of a dead-lettered key (see
+/// [`crate::sink::ParkedKey`]): the same key always gives the same text.
+pub fn key_to_json(key: &[Value]) -> String {
+    Json::Array(key.iter().map(value_to_json).collect()).to_string()
+}
+
 fn value_to_json(v: &Value) -> Json {
     match v {
         Value::Null => Json::Null,

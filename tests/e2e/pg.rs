@@ -301,6 +301,8 @@ pub mod fixtures {
             schema: None,
             create_tables: false,
             connect_timeout: Duration::from_secs(5),
+            dead_letter_table: "_zipline_dead_letters".into(),
+            create_dead_letter_table: false,
         }
     }
 
@@ -424,8 +426,12 @@ pub mod fixtures {
     }
 
     pub async fn apply(lane: &mut Box<dyn LaneSink>, changes: Vec<Arc<Change>>) {
-        lane.apply(&Batch { lane: 0, changes })
-            .await
-            .unwrap_or_else(|e| panic!("{}", e.message));
+        lane.apply(&Batch {
+            lane: 0,
+            changes,
+            ..Batch::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
     }
 }

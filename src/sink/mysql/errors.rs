@@ -90,6 +90,11 @@ pub(crate) fn sink_error(sink: &str, doing: &str, err: &Error) -> SinkError {
     SinkError {
         class: classify(err),
         message,
+        kind: crate::sink::SinkErrorKind::Other,
+        code: match err {
+            Error::Server(e) => Some(e.code.to_string()),
+            _ => None,
+        },
     }
 }
 

@@ -1,8 +1,10 @@
 //! MySQL/MariaDB sink.
 //!
 //! Each lane owns one connection (no pool) with a fixed session:
-//! `sql_mode='STRICT_ALL_TABLES,NO_BACKSLASH_ESCAPES,NO_ENGINE_SUBSTITUTION'` (bad values are
-//! errors, not silent truncation; `'` is the only escape in string literals),
+//! `sql_mode='STRICT_ALL_TABLES,NO_BACKSLASH_ESCAPES,NO_ENGINE_SUBSTITUTION,
+//! ERROR_FOR_DIVISION_BY_ZERO'` (bad values are errors, not silent truncation; `'` is the only
+//! escape in string literals; the upserts' key guard fails with a division by zero, see
+//! `plan::push_key_guard`),
 //! `time_zone='+00:00'` (timestamptz values are written in UTC), utf8mb4, and READ COMMITTED,
 //! which takes no gap locks, so lanes upserting neighbouring keys do not deadlock each other
 //! (<https://dev.mysql.com/doc/refman/8.0/en/innodb-transaction-isolation-levels.html>).
@@ -27,13 +29,18 @@ use super::coalesce;
 mod array;
 mod checkpoint;
 mod ddl;
+mod dead_letter;
 mod errors;
 mod evolve;
 mod fence;
+mod lane;
+
+use self::lane::MysqlLane;
 pub(crate) mod literal;
 mod plan;
 mod schema;
 mod snapshot;
+mod unique;
 
 use std::fmt;
 use std::sync::Arc;
@@ -44,16 +51,14 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 use self::errors::sink_error;
-use self::literal::{push_ident, push_value};
-use self::plan::{Plan, StmtInfo};
-use super::{Batch, BoxFuture, LaneSink, Lease, SinkConnector, SinkError};
+use super::{BoxFuture, LaneSink, Lease, SinkConnector, SinkError};
 use crate::change::{Change, Position, Table, Value};
 use crate::checkpoint::{Holder, LaneKey};
-use crate::error::ErrorClass;
 
 /// Session setup run on every new connection.
 const SESSION_SETUP: &str = "SET NAMES utf8mb4, \
-     SESSION sql_mode='STRICT_ALL_TABLES,NO_BACKSLASH_ESCAPES,NO_ENGINE_SUBSTITUTION', \
+     SESSION sql_mode='STRICT_ALL_TABLES,NO_BACKSLASH_ESCAPES,NO_ENGINE_SUBSTITUTION,\
+     ERROR_FOR_DIVISION_BY_ZERO', \
      SESSION time_zone='+00:00', SESSION autocommit=1; \
      SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
@@ -80,6 +85,11 @@ pub struct MysqlSinkOptions {
     pub password: Option<String>,
     /// Limit for opening a connection and setting up its session.
     pub connect_timeout: Duration,
+    /// The dead-letter table (`dead_letter_table`): read for parked keys and `zipline dlq`,
+    /// written by `on_error: dead_letter`.
+    pub dead_letter_table: String,
+    /// Create the dead-letter table when checking the sink (`on_error: dead_letter`).
+    pub create_dead_letter_table: bool,
 }
 
 impl fmt::Debug for MysqlSinkOptions {
@@ -93,6 +103,7 @@ impl fmt::Debug for MysqlSinkOptions {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("connect_timeout", &self.connect_timeout)
+            .field("dead_letter_table", &self.dead_letter_table)
             .finish()
     }
 }
@@ -219,6 +230,19 @@ impl SinkConnector for MysqlConnector {
                     &e,
                 )
             })?;
+            if o.create_dead_letter_table {
+                let create = dead_letter::create_table_sql(&o.database, &o.dead_letter_table);
+                conn.query_drop(create).await.map_err(|e| {
+                    sink_error(
+                        shared.sink(),
+                        &format!(
+                            "creating the dead-letter table {} (dead_letter_table)",
+                            o.dead_letter_table
+                        ),
+                        &e,
+                    )
+                })?;
+            }
             // Columns the source gained while Zipline was stopped are added as they would be
             // mid-stream.
             for table in tables {
@@ -253,6 +277,17 @@ impl SinkConnector for MysqlConnector {
             let key = shared.lane_key(lane, lanes);
             fence::epoch(&shared)?;
             let checkpoint = checkpoint::load(&mut conn, &shared, &key).await?;
+            let table = &shared.options.dead_letter_table;
+            let parked = dead_letter::parked(&mut conn, &shared, table, lane, lanes)
+                .await
+                .map_err(|e| {
+                    sink_error(
+                        shared.sink(),
+                        &format!("reading lane {lane}'s dead-lettered keys from {table}"),
+                        &e,
+                    )
+                })?;
+            let dead_letter_table = shared.options.create_dead_letter_table || !parked.is_empty();
             tracing::debug!(
                 sink = shared.sink(),
                 lane,
@@ -269,6 +304,8 @@ impl SinkConnector for MysqlConnector {
                 buf: String::new(),
                 in_tx: false,
                 shapes: super::shapes::KnownShapes::default(),
+                parked,
+                dead_letter_table,
             }) as Box<dyn LaneSink>)
         })
     }
@@ -338,6 +375,19 @@ impl SinkConnector for MysqlConnector {
         })
     }
 
+    fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<super::DeadLetterRecord>, SinkError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            let table = &shared.options.dead_letter_table;
+            let mut conn = shared.connect().await?;
+            let result = dead_letter::list(&mut conn, shared, table)
+                .await
+                .map_err(|e| sink_error(shared.sink(), &format!("reading {table}"), &e));
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
     fn snapshot_state(&self) -> BoxFuture<'_, Result<super::SnapshotState, SinkError>> {
         Box::pin(snapshot::state(&self.shared))
     }
@@ -380,297 +430,9 @@ impl SinkConnector for MysqlConnector {
     }
 }
 
-/// One lane's writer: its connection, checkpoint and SQL buffer.
-struct MysqlLane {
-    shared: Arc<Shared>,
-    /// `None` after a broken connection; `apply` connects again.
-    conn: Option<Conn>,
-    lane: u32,
-    lanes: u32,
-    checkpoint: Option<Position>,
-    /// Reused for every statement.
-    buf: String,
-    /// A transaction was started and not yet ended: a previous call was cancelled midway.
-    in_tx: bool,
-    /// Table shapes the sink tables are known to fit (see `evolve.rs`).
-    shapes: super::shapes::KnownShapes,
-}
-
-impl fmt::Debug for MysqlLane {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlLane")
-            .field("sink", &self.shared.sink())
-            .field("lane", &self.lane)
-            .field("lanes", &self.lanes)
-            .field("checkpoint", &self.checkpoint)
-            .finish_non_exhaustive()
-    }
-}
-
-impl MysqlLane {
-    /// Writes `plan` and the checkpoint in one transaction.
-    async fn write(
-        &mut self,
-        mut plan: Plan<'_>,
-        prelude: Option<&str>,
-        position: Position,
-    ) -> Result<(), SinkError> {
-        if self.in_tx {
-            // A cancelled call left a transaction open; closing the connection rolls it back.
-            self.drop_conn().await;
-        }
-        if self.conn.is_none() {
-            self.conn = Some(self.shared.connect().await?);
-        }
-        let conn = self.conn.as_mut().expect("connected above");
-        let shared = &self.shared;
-        if let Err(e) = shared
-            .types
-            .ensure(conn, &shared.options.database, plan.shapes())
-            .await
-        {
-            let err = sink_error(shared.sink(), "reading the sink tables' column types", &e);
-            if errors::connection_lost(&e) {
-                self.drop_conn().await;
-            }
-            return Err(err);
-        }
-        let result = self.run(&mut plan, prelude, position).await;
-        if let Err((err, broken)) = &result {
-            if *broken {
-                self.drop_conn().await;
-            } else if self.in_tx {
-                self.rollback().await;
-            }
-            tracing::debug!(sink = self.shared.sink(), lane = self.lane, error = %err.message, "batch failed");
-        }
-        result.map_err(|(err, _)| err)?;
-        self.checkpoint = Some(position);
-        Ok(())
-    }
-
-    /// The transaction itself. On error, also says whether the connection is unusable.
-    async fn run(
-        &mut self,
-        plan: &mut Plan<'_>,
-        prelude: Option<&str>,
-        position: Position,
-    ) -> Result<(), (SinkError, bool)> {
-        let Self {
-            shared,
-            conn,
-            buf,
-            in_tx,
-            lane,
-            lanes,
-            ..
-        } = self;
-        let conn = conn.as_mut().expect("connected above");
-        let sink = shared.sink();
-        buf.clear();
-        buf.push_str("START TRANSACTION;");
-        if let Some(prelude) = prelude {
-            buf.push_str(prelude);
-            *in_tx = true;
-            if let Err(e) = conn.query_drop(buf.as_str()).await {
-                let err = sink_error(sink, "moving a row to its new key", &e);
-                return Err((err, errors::connection_lost(&e)));
-            }
-            buf.clear();
-        }
-        loop {
-            let info: StmtInfo = match plan.next_statement(buf) {
-                Ok(Some(info)) => info,
-                Ok(None) => break,
-                Err(e) => return Err((e, false)),
-            };
-            *in_tx = true;
-            if let Err(e) = conn.query_drop(buf.as_str()).await {
-                let mut err = sink_error(sink, &plan.describe(info), &e);
-                if err.class == ErrorClass::Definite
-                    && let Some(key) = errors::row_number(&e).and_then(|n| plan.row_key(info, n))
-                {
-                    err.message.push_str(&format!(" (row key {key})"));
-                }
-                return Err((err, errors::connection_lost(&e)));
-            }
-            buf.clear();
-        }
-        if !*in_tx {
-            buf.clear();
-            buf.push_str("START TRANSACTION;");
-        }
-        *in_tx = true;
-        let key = shared.lane_key(*lane, *lanes);
-        let epoch = fence::epoch(shared).map_err(|e| (e, false))?;
-        checkpoint::push_upsert(buf, &shared.options.database, &key, position, epoch);
-        buf.push_str(";COMMIT");
-        if let Err(e) = conn.query_drop(buf.as_str()).await {
-            if fence::is_guard_failure(&e) {
-                return Err((fence::fenced(shared).await, false));
-            }
-            let doing = format!(
-                "moving lane {lane}'s checkpoint in {} to {position} and committing",
-                crate::checkpoint::TABLE
-            );
-            return Err((sink_error(sink, &doing, &e), errors::connection_lost(&e)));
-        }
-        *in_tx = false;
-        Ok(())
-    }
-
-    async fn rollback(&mut self) {
-        let Some(conn) = self.conn.as_mut() else {
-            return;
-        };
-        match tokio::time::timeout(ROLLBACK_TIMEOUT, conn.query_drop("ROLLBACK")).await {
-            Ok(Ok(())) => self.in_tx = false,
-            _ => self.drop_conn().await,
-        }
-    }
-
-    /// Drops the connection without waiting long for a graceful close (the socket may be
-    /// dead); the server rolls back whatever transaction it had open.
-    async fn drop_conn(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
-        }
-        self.in_tx = false;
-    }
-}
-
-impl LaneSink for MysqlLane {
-    fn checkpoint(&self) -> Option<Position> {
-        self.checkpoint
-    }
-
-    fn apply<'a>(&'a mut self, batch: &'a Batch) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(async move {
-            let shared = Arc::clone(&self.shared);
-            // Columns the source gained are added first, outside the batch's transaction.
-            self.fit_shapes(&batch.changes).await?;
-            if let [change] = batch.changes.as_slice()
-                && let Some(old_key) = &change.old_key
-                && change.values.contains(&Value::Unchanged)
-            {
-                // The lane worker isolates such a change in its own batch (see
-                // `crate::lane::is_toast_move`); the row moves in place so the TOASTed values
-                // the update did not send stay with it.
-                let prelude = move_sql(&shared.options.database, change, old_key)
-                    .map_err(|m| SinkError::definite(format!("sink {}: {m}", shared.sink())))?;
-                let upsert = [Arc::new(Change {
-                    old_key: None,
-                    ..Change::clone(change)
-                })];
-                let plan = Plan::build(&upsert, &shared.options.database, shared.sink())?
-                    .with_types(&shared.types);
-                return self
-                    .write(plan, Some(&prelude), batch.last_position())
-                    .await;
-            }
-            let plan = Plan::build(&batch.changes, &shared.options.database, shared.sink())?
-                .with_types(&shared.types);
-            self.write(plan, None, batch.last_position()).await
-        })
-    }
-
-    fn truncate<'a>(
-        &'a mut self,
-        table: &'a Table,
-        position: Position,
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(async move {
-            let shared = Arc::clone(&self.shared);
-            let plan = Plan::delete_all(table, &shared.options.database, shared.sink());
-            self.write(plan, None, position).await
-        })
-    }
-
-    fn reconnect(&mut self) -> BoxFuture<'_, Result<(), SinkError>> {
-        Box::pin(async move {
-            self.drop_conn().await;
-            // The sink may have restarted with other tables: match shapes against them again.
-            self.shapes.clear();
-            self.conn = Some(self.shared.connect().await?);
-            Ok(())
-        })
-    }
-}
-
-/// `UPDATE` that moves the row at `old_key` to the change's key and sets the columns the
-/// change carries, leaving unchanged (TOASTed) columns as stored. A following upsert of the
-/// known columns covers a sink that never had the old row.
-fn move_sql(database: &str, change: &Change, old_key: &[Value]) -> Result<String, String> {
-    let table = &change.table;
-    let mut sql = String::from("UPDATE ");
-    push_ident(&mut sql, database);
-    sql.push('.');
-    push_ident(&mut sql, &table.name);
-    sql.push_str(" SET ");
-    let mut first = true;
-    for (column, value) in table.columns.iter().zip(&change.values) {
-        if matches!(value, Value::Unchanged) {
-            continue;
-        }
-        if !first {
-            sql.push(',');
-        }
-        first = false;
-        push_ident(&mut sql, &column.name);
-        sql.push('=');
-        push_value(&mut sql, value).map_err(|e| {
-            format!(
-                "table {}, column {}: {e}",
-                table.qualified_name(),
-                column.name
-            )
-        })?;
-    }
-    sql.push_str(" WHERE ");
-    for (n, (&index, value)) in table.key.iter().zip(old_key).enumerate() {
-        if n > 0 {
-            sql.push_str(" AND ");
-        }
-        push_ident(&mut sql, &table.columns[index].name);
-        sql.push('=');
-        push_value(&mut sql, value)
-            .map_err(|e| format!("table {}, key column: {e}", table.qualified_name()))?;
-    }
-    Ok(sql)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_toast_move_updates_the_key_in_place() {
-        use crate::change::{Column, Op};
-        let col = |name: &str, is_key| Column {
-            name: name.into(),
-            type_oid: 25,
-            type_modifier: -1,
-            is_key,
-        };
-        let table = Arc::new(Table::new(
-            "public".into(),
-            "orders".into(),
-            vec![col("id", true), col("status", false), col("note", false)],
-        ));
-        let change = Change {
-            position: Position::default(),
-            op: Op::Update,
-            table,
-            key: vec![Value::Int8(2)],
-            old_key: Some(vec![Value::Int8(1)]),
-            values: vec![Value::Int8(2), Value::Text("it's".into()), Value::Unchanged],
-        };
-        let sql = move_sql("shop", &change, &[Value::Int8(1)]).unwrap();
-        assert_eq!(
-            sql,
-            "UPDATE `shop`.`orders` SET `id`=2,`status`='it''s' WHERE `id`=1"
-        );
-    }
 
     #[test]
     fn debug_output_redacts_the_password() {
@@ -683,6 +445,8 @@ mod tests {
             user: "zipline".into(),
             password: Some("hunter2-secret".into()),
             connect_timeout: Duration::from_secs(1),
+            dead_letter_table: "_zipline_dead_letters".into(),
+            create_dead_letter_table: false,
         };
         let shown = format!("{opts:?}");
         assert!(

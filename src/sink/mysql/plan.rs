@@ -280,26 +280,16 @@ impl<'a> Plan<'a> {
             Ok(())
         })?;
         buf.push_str(" ON DUPLICATE KEY UPDATE ");
-        let mut any = false;
+        push_key_guard(buf, shape);
         for (i, col) in kept() {
             if shape.key.contains(&i) {
                 continue;
             }
-            if any {
-                buf.push(',');
-            }
-            any = true;
+            buf.push(',');
             push_ident(buf, &col.name);
             buf.push_str("=VALUES(");
             push_ident(buf, &col.name);
             buf.push(')');
-        }
-        if !any {
-            // Only key columns: nothing to update, but the clause turns a duplicate into a no-op.
-            let key = &shape.columns[shape.key[0]].name;
-            push_ident(buf, key);
-            buf.push('=');
-            push_ident(buf, key);
         }
         Ok(written)
     }
@@ -354,6 +344,16 @@ impl<'a> Plan<'a> {
         )
     }
 
+    /// The shape and rows of an upsert statement.
+    pub(crate) fn upsert_rows(&self, info: StmtInfo) -> Option<(&'a Table, &[Row<'a>])> {
+        if info.kind != StmtKind::Upsert {
+            return None;
+        }
+        let group = self.tables.get(info.table)?.upserts.get(info.group)?;
+        let rows = group.rows.get(info.first_row..info.first_row + info.rows)?;
+        Some((group.shape, rows))
+    }
+
     /// The key of row `n` (1-based, as MySQL's "at row N") of a statement, as `(id)=(42)`.
     pub(crate) fn row_key(&self, info: StmtInfo, n: usize) -> Option<String> {
         if n == 0 || n > info.rows {
@@ -401,6 +401,32 @@ impl RowKey for Row<'_> {
     }
 }
 
+/// The first assignment of every upsert's `ON DUPLICATE KEY UPDATE`: it keeps the key when the
+/// row found is the one with the change's key, and otherwise fails the statement with
+/// "Division by 0" (1365 under the lane session's `ERROR_FOR_DIVISION_BY_ZERO`), whatever the
+/// key columns' types and nullability. MySQL finds the row to update through *any* unique
+/// index the new row conflicts with, so without this a sink table with another unique key
+/// would have its other row overwritten by the change (see `unique.rs`). Assignments run left
+/// to right against the row as found, so this one sees the stored key.
+pub(super) fn push_key_guard(buf: &mut String, shape: &Table) {
+    let first = &shape.columns[shape.key[0]].name;
+    push_ident(buf, first);
+    buf.push_str("=IF(");
+    for (n, &i) in shape.key.iter().enumerate() {
+        if n > 0 {
+            buf.push_str(" AND ");
+        }
+        let name = &shape.columns[i].name;
+        push_ident(buf, name);
+        buf.push_str("<=>VALUES(");
+        push_ident(buf, name);
+        buf.push(')');
+    }
+    buf.push(',');
+    push_ident(buf, first);
+    buf.push_str(",1/0)");
+}
+
 pub(super) fn key_text<'v>(shape: &Table, key: impl IntoIterator<Item = &'v Value>) -> String {
     let mut out = String::from("(");
     for (n, &i) in shape.key.iter().enumerate() {
@@ -444,7 +470,8 @@ mod tests {
         out
     }
 
-    const UPSERT_TAIL: &str = " ON DUPLICATE KEY UPDATE `note`=VALUES(`note`),`qty`=VALUES(`qty`)";
+    const UPSERT_TAIL: &str = " ON DUPLICATE KEY UPDATE `id`=IF(`id`<=>VALUES(`id`),`id`,1/0),\
+                               `note`=VALUES(`note`),`qty`=VALUES(`qty`)";
 
     #[test]
     fn upserts_and_deletes_become_one_statement_each() {
@@ -548,7 +575,10 @@ mod tests {
         );
         assert_eq!(
             sql(&c),
-            ["INSERT INTO `shop`.`tags` (`a`,`b`) VALUES (1,2) ON DUPLICATE KEY UPDATE `a`=`a`"]
+            [
+                "INSERT INTO `shop`.`tags` (`a`,`b`) VALUES (1,2) ON DUPLICATE KEY UPDATE \
+              `a`=IF(`a`<=>VALUES(`a`) AND `b`<=>VALUES(`b`),`a`,1/0)"
+            ]
         );
     }
 
@@ -567,7 +597,7 @@ mod tests {
                     "INSERT INTO `shop`.`orders` (`id`,`note`,`qty`) VALUES (1,'full',1){UPSERT_TAIL}"
                 ),
                 "INSERT INTO `shop`.`orders` (`id`,`qty`) VALUES (2,9),(3,9) \
-                 ON DUPLICATE KEY UPDATE `qty`=VALUES(`qty`)"
+                 ON DUPLICATE KEY UPDATE `id`=IF(`id`<=>VALUES(`id`),`id`,1/0),`qty`=VALUES(`qty`)"
                     .to_owned(),
             ]
         );
@@ -603,7 +633,8 @@ mod tests {
                 format!(
                     "INSERT INTO `shop`.`orders` (`id`,`note`,`qty`) VALUES (2,'kept',2){UPSERT_TAIL}"
                 ),
-                "INSERT INTO `shop`.`other` (`id`) VALUES (5) ON DUPLICATE KEY UPDATE `id`=`id`"
+                "INSERT INTO `shop`.`other` (`id`) VALUES (5) ON DUPLICATE KEY UPDATE \
+                 `id`=IF(`id`<=>VALUES(`id`),`id`,1/0)"
                     .to_owned(),
             ]
         );
@@ -619,7 +650,8 @@ mod tests {
             sql(&c),
             [
                 "INSERT INTO `shop`.`we``ird` (`k``ey`,`v`) VALUES ('a\0b 🐢',X'0001') \
-              ON DUPLICATE KEY UPDATE `v`=VALUES(`v`)"
+              ON DUPLICATE KEY UPDATE `k``ey`=IF(`k``ey`<=>VALUES(`k``ey`),`k``ey`,1/0),\
+              `v`=VALUES(`v`)"
             ]
         );
     }

@@ -263,12 +263,13 @@ fn table_problems(
                 .map(String::as_str)
                 .collect();
             if !others.is_empty() {
-                tracing::warn!(
+                tracing::info!(
                     sink,
                     table = %name,
                     indexes = ?others,
-                    "sink table has unique indexes besides its key; a row that conflicts on one \
-                     of them makes the upsert update the other row instead of failing"
+                    "sink table has unique keys besides its key: a change that conflicts on one \
+                     fails (per on_error) instead of touching the other row, and the initial \
+                     snapshot writes this table with upserts, not LOAD DATA … REPLACE"
                 );
             }
         }
@@ -314,7 +315,7 @@ async fn columns(
 }
 
 /// Unique indexes by name: their columns, or `None` when one is a prefix or an expression.
-async fn unique_indexes(
+pub(super) async fn unique_indexes(
     conn: &mut Conn,
     database: &str,
     table: &str,

@@ -16,7 +16,9 @@
 //! (<https://mariadb.com/kb/en/load-data-infile/>).
 //!
 //! A server that refuses local infile (MySQL 8's default `local_infile=OFF`: error 3948;
-//! MariaDB: 1148 or 4166) gets the lanes' multi-row upserts instead, from then on.
+//! MariaDB: 1148 or 4166) gets the lanes' multi-row upserts instead, from then on; so does a
+//! sink table with a unique key besides its key, where `REPLACE` would delete the *other* row
+//! that conflicts on it (the upserts' key guard fails the row instead, see `unique.rs`).
 //!
 //! The state table holds, per (pipeline, sink connector): a marker row (`source_table` = '',
 //! `chunk` = -1; `done_at` NULL while pending, set when complete) and one row per planned
@@ -45,11 +47,14 @@ pub(crate) const TABLE: &str = "_zipline_snapshot";
 /// Largest piece of infile data sent as one packet.
 const PIECE: usize = 1 << 20;
 
-/// Connections kept between chunk loads, and whether the server refused local infile.
+/// Connections kept between chunk loads, whether the server refused local infile, and which
+/// sink tables have unique keys besides their key (loaded with upserts: `REPLACE` would
+/// delete the other row, see `unique.rs`).
 #[derive(Default)]
 pub(super) struct Loader {
     idle: Mutex<Vec<Conn>>,
     infile_refused: AtomicBool,
+    other_unique: Mutex<std::collections::HashMap<String, bool>>,
 }
 
 impl Loader {
@@ -375,7 +380,39 @@ pub(super) async fn load(
             &e,
         ));
     }
-    let infile = !loader.infile_refused.load(Ordering::Relaxed);
+    let mut infile = !loader.infile_refused.load(Ordering::Relaxed);
+    for (shape, _) in changes.groups() {
+        let known = loader
+            .other_unique
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&shape.name)
+            .copied();
+        let others = match known {
+            Some(others) => others,
+            None => {
+                match super::unique::has_others(&mut conn, &shared.options.database, shape).await {
+                    Ok(others) => {
+                        loader
+                            .other_unique
+                            .lock()
+                            .unwrap_or_else(|poisoned| poisoned.into_inner())
+                            .insert(shape.name.clone(), others);
+                        others
+                    }
+                    Err(e) => {
+                        close(conn).await;
+                        return Err(sink_error(
+                            shared.sink(),
+                            "reading the sink tables' unique keys",
+                            &e,
+                        ));
+                    }
+                }
+            }
+        };
+        infile &= !others;
+    }
     let result = if infile {
         load_infile(shared, &mut conn, chunk, changes).await
     } else {
@@ -520,7 +557,19 @@ async fn load_upserts(
         };
         if let Err(e) = conn.query_drop(&buf).await {
             let mut err = sink_error(sink, &plan.describe(info), &e);
-            if let Some(key) = errors::row_number(&e).and_then(|n| plan.row_key(info, n)) {
+            if super::unique::is_conflict(&e)
+                && let Some((shape, rows)) = plan.upsert_rows(info)
+            {
+                err.kind = crate::sink::SinkErrorKind::UniqueConflict;
+                let database = &shared.options.database;
+                if let Some(what) = super::unique::explain(conn, database, shape, rows).await {
+                    err.message = format!(
+                        "sink {sink}: {}: {what}. {}",
+                        plan.describe(info),
+                        super::unique::HINT
+                    );
+                }
+            } else if let Some(key) = errors::row_number(&e).and_then(|n| plan.row_key(info, n)) {
                 err.message.push_str(&format!(" (row key {key})"));
             }
             return Err(Failure::Other(err));

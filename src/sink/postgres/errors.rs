@@ -83,6 +83,8 @@ pub(super) fn sink_error(sink: &str, doing: &str, err: &tokio_postgres::Error) -
     SinkError {
         class: classify(err),
         message,
+        kind: crate::sink::SinkErrorKind::Other,
+        code: err.code().map(|c| c.code().to_owned()),
     }
 }
 

@@ -16,11 +16,11 @@ use tokio_postgres::{Client, Statement};
 use super::errors::{connection_lost, copy_line, sink_error};
 use super::schema::{self, SinkTable};
 use super::sql::{self, Kind, Stmt, qualified};
-use super::{Shared, checkpoint, copy, diagnose, fence, pipeline};
+use super::{Shared, checkpoint, copy, dead_letter, diagnose, fence, pipeline};
 use crate::change::{Change, Position, Table, Value};
 use crate::error::ErrorClass;
 use crate::sink::coalesce::{Row, TablePlan, coalesce};
-use crate::sink::{Batch, BoxFuture, LaneSink, SinkError};
+use crate::sink::{Batch, BoxFuture, DeadLetter, LaneSink, ParkedKey, SinkError};
 
 /// How long a ROLLBACK may take before the connection is just dropped.
 const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -32,6 +32,31 @@ const SAFE_AFTER_CONFLICT: u32 = 16;
 /// Prepared statements kept per connection before the cache is emptied (shapes are few; this
 /// only bounds a pathological stream of ever-new shapes).
 const STATEMENT_CACHE_LIMIT: usize = 512;
+
+/// How a lane's transaction ends.
+#[derive(Clone, Copy)]
+enum Tail<'a> {
+    /// Record `dead`, forget the dead letters a truncate of `forget` (source table name)
+    /// supersedes, move the checkpoint to `position`, commit.
+    Checkpoint {
+        position: Position,
+        dead: &'a [DeadLetter],
+        forget: Option<&'a str>,
+    },
+    /// Remove the replayed records `ids` and commit; the checkpoint stays.
+    Replay(&'a [u64]),
+}
+
+/// The statements of a [`Tail`], in order, for error messages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Step {
+    DeadLetters,
+    Forget,
+    Lock,
+    Checkpoint,
+    ReplayGuard,
+    Remove,
+}
 
 /// What a batch does besides its coalesced tables.
 enum Prelude<'a> {
@@ -61,6 +86,10 @@ pub(super) struct PostgresLane {
     safe_batches: u32,
     /// Table shapes the sink tables are known to fit (see `evolve.rs`).
     shapes: crate::sink::shapes::KnownShapes,
+    /// This lane's keys with dead letters, as loaded when it opened.
+    parked: Vec<ParkedKey>,
+    /// The dead-letter table exists (a truncate then removes the dead letters it supersedes).
+    dead_letter_table: bool,
 }
 
 impl fmt::Debug for PostgresLane {
@@ -104,13 +133,15 @@ impl From<SinkError> for Failure {
 }
 
 impl PostgresLane {
-    /// Lane `lane` of `lanes` on `client`, resuming after `checkpoint`.
+    /// Lane `lane` of `lanes` on `client`, resuming after `checkpoint`, with the keys it has
+    /// dead letters of (`None`: no dead-letter table).
     pub(super) fn new(
         shared: Arc<Shared>,
         client: Client,
         lane: u32,
         lanes: u32,
         checkpoint: Option<Position>,
+        parked: Option<Vec<ParkedKey>>,
     ) -> Self {
         let checkpoint_sql = checkpoint::upsert_sql(shared.checkpoint_schema());
         PostgresLane {
@@ -125,6 +156,8 @@ impl PostgresLane {
             dirty: false,
             safe_batches: 0,
             shapes: crate::sink::shapes::KnownShapes::default(),
+            dead_letter_table: parked.is_some(),
+            parked: parked.unwrap_or_default(),
         }
     }
 
@@ -137,13 +170,12 @@ impl PostgresLane {
         self.dirty = false;
     }
 
-    /// Writes the prelude and `tables` with the checkpoint moved to `position`, in one
-    /// transaction.
+    /// Writes the prelude and `tables`, ending as `tail` says, in one transaction.
     async fn write(
         &mut self,
         prelude: Prelude<'_>,
         tables: &[TablePlan<'_>],
-        position: Position,
+        tail: Tail<'_>,
     ) -> Result<(), SinkError> {
         if self.dirty {
             // A cancelled call may have left a transaction open; a new session is clean.
@@ -154,7 +186,7 @@ impl PostgresLane {
         }
         self.dirty = true;
         let mut fast = self.safe_batches == 0;
-        let mut result = self.run(&prelude, tables, position, fast).await;
+        let mut result = self.run(&prelude, tables, tail, fast).await;
         if fast && matches!(&result, Err(f) if f.conflict) {
             // A replay: the rows are there already. Same batch, upserts only.
             tracing::debug!(
@@ -169,7 +201,7 @@ impl PostgresLane {
                 // The ROLLBACK failed and the connection went with it.
                 self.client = Some(self.shared.connect().await?);
             }
-            result = self.run(&prelude, tables, position, fast).await;
+            result = self.run(&prelude, tables, tail, fast).await;
         }
         self.dirty = false;
         match result {
@@ -177,7 +209,9 @@ impl PostgresLane {
                 if !fast {
                     self.safe_batches = self.safe_batches.saturating_sub(1);
                 }
-                self.checkpoint = Some(position);
+                if let Tail::Checkpoint { position, .. } = tail {
+                    self.checkpoint = Some(position);
+                }
                 Ok(())
             }
             Err(Failure { error, lost, .. }) => {
@@ -189,6 +223,45 @@ impl PostgresLane {
                 tracing::debug!(sink = self.shared.sink(), lane = self.lane, error = %error.message, "batch failed");
                 Err(error)
             }
+        }
+    }
+
+    /// The statements that end a transaction as `tail` says.
+    fn steps(&self, tail: Tail<'_>) -> Vec<Step> {
+        match tail {
+            Tail::Checkpoint { dead, forget, .. } => {
+                let mut steps = Vec::with_capacity(4);
+                if !dead.is_empty() {
+                    steps.push(Step::DeadLetters);
+                }
+                if forget.is_some() {
+                    steps.push(Step::Forget);
+                }
+                steps.extend([Step::Lock, Step::Checkpoint]);
+                steps
+            }
+            Tail::Replay(_) => vec![Step::Lock, Step::ReplayGuard, Step::Remove],
+        }
+    }
+
+    /// The SQL of a step (prepared once per connection).
+    fn step_sql(&self, step: Step) -> String {
+        let (schema, table) = (
+            self.shared.checkpoint_schema(),
+            &self.shared.options.dead_letter_table,
+        );
+        match step {
+            Step::DeadLetters => dead_letter::insert_sql(schema, table),
+            Step::Forget => dead_letter::forget_sql(schema, table),
+            Step::Lock => fence::LOCK_SQL.to_owned(),
+            Step::Checkpoint => self.checkpoint_sql.clone(),
+            // Division by zero unless the fence still holds this instance's epoch (the
+            // division's operand is not a constant, so it is not folded at planning).
+            Step::ReplayGuard => format!(
+                "SELECT 1 / (CASE WHEN ({}) = $3::int8 THEN 1 ELSE 0 END)",
+                fence::epoch_query(schema, "$1::text", "$2::text")
+            ),
+            Step::Remove => dead_letter::remove_sql(schema, table),
         }
     }
 
@@ -207,7 +280,7 @@ impl PostgresLane {
         &mut self,
         prelude: &Prelude<'_>,
         tables: &[TablePlan<'_>],
-        position: Position,
+        tail: Tail<'_>,
         fast: bool,
     ) -> Result<(), Failure> {
         let sink_tables = self.sink_tables(tables).await?;
@@ -230,14 +303,39 @@ impl PostgresLane {
                 .missing_column(tables[m.table].source, refs[m.table], &m.column)
                 .into());
         }
-        self.prepare(&stmts, tables, &refs).await?;
+        let steps = self.steps(tail);
+        self.prepare(&stmts, tables, &refs, &steps).await?;
 
         let client = self.client.as_ref().expect("connected in write()");
         let key = self.shared.lane_key(self.lane, self.lanes);
         let epoch = fence::epoch(&self.shared)?;
+        let position = match tail {
+            Tail::Checkpoint { position, .. } => position,
+            Tail::Replay(_) => Position::default(),
+        };
         let ck_params = checkpoint::upsert_params(&key, self.lane, position, epoch);
         let ck_refs = ck_params.as_params();
         let fence_key = self.shared.fence_keys.1;
+        let o = &self.shared.options;
+        let (dead, forget, ids): (&[DeadLetter], _, &[u64]) = match tail {
+            Tail::Checkpoint { dead, forget, .. } => (dead, forget, &[]),
+            Tail::Replay(ids) => (&[], None, ids),
+        };
+        let dead_params = dead_letter::InsertParams::new(&self.shared, dead);
+        let dead_refs = dead_params.as_params();
+        let forget_params =
+            forget.map(|t| dead_letter::ForgetParams::new(&self.shared, t, position));
+        let forget_refs = forget_params
+            .as_ref()
+            .map(dead_letter::ForgetParams::as_params);
+        let ids: Vec<i64> = ids
+            .iter()
+            .map(|&i| i64::try_from(i).unwrap_or(i64::MAX))
+            .collect();
+        let epoch_param = i64::try_from(epoch).unwrap_or(i64::MAX);
+        let guard_refs: [&(dyn ToSql + Sync); 3] = [&o.pipeline, &o.connector, &epoch_param];
+        let remove_refs: [&(dyn ToSql + Sync); 3] = [&o.pipeline, &o.connector, &ids];
+        let lock_refs: [&(dyn ToSql + Sync); 1] = [&fence_key];
         let param_refs: Vec<Vec<&(dyn ToSql + Sync)>> = stmts
             .iter()
             .map(|s| s.params.iter().map(|p| p as &(dyn ToSql + Sync)).collect())
@@ -272,16 +370,22 @@ impl PostgresLane {
                 None => Box::pin(async move { client.execute(prepared, params).await.map(drop) }),
             });
         }
-        // The fence check: a shared lock first, so the guarded upsert's snapshot sees any
-        // claim that committed while this batch waited for it.
-        let lock_stmt = &self.statements[fence::LOCK_SQL];
-        futures.push(Box::pin(async move {
-            client.execute(lock_stmt, &[&fence_key]).await.map(drop)
-        }));
-        let ck_stmt = &self.statements[&self.checkpoint_sql];
-        futures.push(Box::pin(async move {
-            client.execute(ck_stmt, &ck_refs).await.map(drop)
-        }));
+        for step in &steps {
+            let prepared = &self.statements[&self.step_sql(*step)];
+            let params: &[&(dyn ToSql + Sync)] = match step {
+                Step::DeadLetters => &dead_refs,
+                Step::Forget => forget_refs.as_ref().map_or(&[], |r| r.as_slice()),
+                // The fence check: a shared lock first, so the guarded statement's snapshot
+                // sees any claim that committed while this batch waited for it.
+                Step::Lock => &lock_refs,
+                Step::Checkpoint => &ck_refs,
+                Step::ReplayGuard => &guard_refs,
+                Step::Remove => &remove_refs,
+            };
+            futures.push(Box::pin(async move {
+                client.execute(prepared, params).await.map(drop)
+            }));
+        }
         futures.push(Box::pin(client.batch_execute("COMMIT")));
         let outcomes = pipeline::run(futures).await;
         let Some((index, err)) = pipeline::first_error(outcomes) else {
@@ -301,17 +405,25 @@ impl PostgresLane {
                 };
                 sql::describe(stmt, &target, source)
             }
-            i if i == stmts.len() + 1 => "taking the claim's shared lock".to_owned(),
-            i if i == stmts.len() + 2 => {
-                if fence::is_guard_failure(&err) {
+            i if i <= stmts.len() + steps.len() => match steps[i - stmts.len() - 1] {
+                Step::DeadLetters => "recording dead letters".to_owned(),
+                Step::Forget => "removing dead letters a truncate supersedes".to_owned(),
+                Step::Lock => "taking the claim's shared lock".to_owned(),
+                Step::Checkpoint | Step::ReplayGuard
+                    if fence::is_guard_failure(&err)
+                        || err.code()
+                            == Some(&tokio_postgres::error::SqlState::DIVISION_BY_ZERO) =>
+                {
                     return Err(fence::fenced(&self.shared).await.into());
                 }
-                format!(
+                Step::Checkpoint => format!(
                     "moving lane {}'s checkpoint in {} to {position}",
                     self.lane,
                     qualified(self.shared.checkpoint_schema(), crate::checkpoint::TABLE)
-                )
-            }
+                ),
+                Step::ReplayGuard => "checking the claim".to_owned(),
+                Step::Remove => "removing replayed dead letters".to_owned(),
+            },
             _ => "committing".to_owned(),
         };
         let mut error = sink_error(sink, &doing, &err);
@@ -463,38 +575,30 @@ impl PostgresLane {
         ))
     }
 
-    /// Prepares every statement not yet prepared on this connection, and the checkpoint
-    /// upsert.
+    /// Prepares every statement not yet prepared on this connection, and the tail's.
     async fn prepare(
         &mut self,
         stmts: &[Stmt<'_>],
         tables: &[TablePlan<'_>],
         sinks: &[&SinkTable],
+        steps: &[Step],
     ) -> Result<(), Failure> {
         if self.statements.len() > STATEMENT_CACHE_LIMIT {
             self.statements.clear();
         }
-        let client = self.client.as_ref().expect("connected in write()");
         let sink = self.shared.sink();
-        if !self.statements.contains_key(&self.checkpoint_sql) {
-            let prepared = client.prepare(&self.checkpoint_sql).await.map_err(|e| {
-                let table = qualified(self.shared.checkpoint_schema(), crate::checkpoint::TABLE);
-                Failure::pg(
-                    sink,
-                    &format!("preparing the checkpoint upsert into {table}"),
-                    &e,
-                )
+        for step in steps {
+            let sql = self.step_sql(*step);
+            if self.statements.contains_key(&sql) {
+                continue;
+            }
+            let client = self.client.as_ref().expect("connected in write()");
+            let prepared = client.prepare(&sql).await.map_err(|e| {
+                Failure::pg(sink, "preparing the transaction's closing statements", &e)
             })?;
-            self.statements
-                .insert(self.checkpoint_sql.clone(), prepared);
+            self.statements.insert(sql, prepared);
         }
-        if !self.statements.contains_key(fence::LOCK_SQL) {
-            let prepared = client
-                .prepare(fence::LOCK_SQL)
-                .await
-                .map_err(|e| Failure::pg(sink, "preparing the claim's lock statement", &e))?;
-            self.statements.insert(fence::LOCK_SQL.to_owned(), prepared);
-        }
+        let client = self.client.as_ref().expect("connected in write()");
         for stmt in stmts {
             if self.statements.contains_key(&stmt.sql) {
                 continue;
@@ -551,18 +655,23 @@ impl LaneSink for PostgresLane {
                     ..Change::clone(change)
                 })];
                 let tables = coalesce(&upsert, shared.sink())?;
+                let tail = Tail::Checkpoint {
+                    position: batch.last_position(),
+                    dead: &batch.dead_letters,
+                    forget: None,
+                };
                 return self
-                    .write(
-                        Prelude::Move(change, old_key),
-                        &tables,
-                        batch.last_position(),
-                    )
+                    .write(Prelude::Move(change, old_key), &tables, tail)
                     .await;
             }
             let mut tables = coalesce(&batch.changes, shared.sink())?;
             sql::partition_fresh(&mut tables);
-            self.write(Prelude::None, &tables, batch.last_position())
-                .await
+            let tail = Tail::Checkpoint {
+                position: batch.last_position(),
+                dead: &batch.dead_letters,
+                forget: None,
+            };
+            self.write(Prelude::None, &tables, tail).await
         })
     }
 
@@ -571,7 +680,15 @@ impl LaneSink for PostgresLane {
         table: &'a Table,
         position: Position,
     ) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(async move { self.write(Prelude::Truncate(table), &[], position).await })
+        Box::pin(async move {
+            let source_table = table.qualified_name();
+            let tail = Tail::Checkpoint {
+                position,
+                dead: &[],
+                forget: self.dead_letter_table.then_some(source_table.as_str()),
+            };
+            self.write(Prelude::Truncate(table), &[], tail).await
+        })
     }
 
     fn reconnect(&mut self) -> BoxFuture<'_, Result<(), SinkError>> {
@@ -581,6 +698,25 @@ impl LaneSink for PostgresLane {
             self.safe_batches = self.safe_batches.max(1);
             self.client = Some(self.shared.connect().await?);
             Ok(())
+        })
+    }
+
+    fn parked(&self) -> Vec<ParkedKey> {
+        self.parked.clone()
+    }
+
+    fn replay<'a>(
+        &'a mut self,
+        changes: &'a [Arc<Change>],
+        ids: &'a [u64],
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let shared = Arc::clone(&self.shared);
+            self.fit_shapes(changes).await?;
+            // Replayed rows may meet any state of the sink: upserts only.
+            self.safe_batches = self.safe_batches.max(1);
+            let tables = coalesce(changes, shared.sink())?;
+            self.write(Prelude::None, &tables, Tail::Replay(ids)).await
         })
     }
 }

@@ -41,6 +41,7 @@
 
 mod checkpoint;
 mod copy;
+mod dead_letter;
 mod diagnose;
 mod encode;
 mod errors;
@@ -92,6 +93,11 @@ pub struct PostgresSinkOptions {
     pub create_tables: bool,
     /// Limit for opening a connection.
     pub connect_timeout: Duration,
+    /// The dead-letter table, in the checkpoint schema (`dead_letter_table`): read for parked
+    /// keys and `zipline dlq`, written by `on_error: dead_letter`.
+    pub dead_letter_table: String,
+    /// Create the dead-letter table when checking the sink (`on_error: dead_letter`).
+    pub create_dead_letter_table: bool,
 }
 
 impl fmt::Debug for PostgresSinkOptions {
@@ -107,6 +113,7 @@ impl fmt::Debug for PostgresSinkOptions {
             .field("schema", &self.schema)
             .field("create_tables", &self.create_tables)
             .field("connect_timeout", &self.connect_timeout)
+            .field("dead_letter_table", &self.dead_letter_table)
             .finish()
     }
 }
@@ -245,6 +252,20 @@ impl SinkConnector for PostgresConnector {
                     &e,
                 )
             })?;
+            if o.create_dead_letter_table {
+                let create =
+                    dead_letter::create_table_sql(shared.checkpoint_schema(), &o.dead_letter_table);
+                client.batch_execute(&create).await.map_err(|e| {
+                    sink_error(
+                        shared.sink(),
+                        &format!(
+                            "creating the dead-letter table {} (dead_letter_table)",
+                            qualified(shared.checkpoint_schema(), &o.dead_letter_table)
+                        ),
+                        &e,
+                    )
+                })?;
+            }
             schema::check(
                 &client,
                 shared.sink(),
@@ -274,7 +295,16 @@ impl SinkConnector for PostgresConnector {
                 checkpoint = ?checkpoint.map(|p| p.to_string()),
                 "lane opened"
             );
-            let writer = PostgresLane::new(shared, client, lane, lanes, checkpoint);
+            let parked = dead_letter::parked(&client, &shared, lane, lanes)
+                .await
+                .map_err(|e| {
+                    sink_error(
+                        shared.sink(),
+                        &format!("reading lane {lane}'s dead-lettered keys"),
+                        &e,
+                    )
+                })?;
+            let writer = PostgresLane::new(shared, client, lane, lanes, checkpoint, parked);
             Ok(Box::new(writer) as Box<dyn LaneSink>)
         })
     }
@@ -320,6 +350,20 @@ impl SinkConnector for PostgresConnector {
         Box::pin(async move {
             let lease = fence::claim(Arc::clone(&self.shared), holder, lease).await?;
             Ok(Box::new(lease) as Box<dyn Lease>)
+        })
+    }
+
+    fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<super::DeadLetterRecord>, SinkError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            let client = shared.connect().await?;
+            dead_letter::list(&client, shared).await.map_err(|e| {
+                sink_error(
+                    shared.sink(),
+                    &format!("reading {}", shared.options.dead_letter_table),
+                    &e,
+                )
+            })
         })
     }
 
@@ -407,6 +451,8 @@ mod tests {
             schema: None,
             create_tables: false,
             connect_timeout: Duration::from_secs(1),
+            dead_letter_table: "_zipline_dead_letters".into(),
+            create_dead_letter_table: false,
         };
         let connector = PostgresConnector::new(opts.clone());
         for text in [format!("{opts:?}"), format!("{connector:?}")] {

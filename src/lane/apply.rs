@@ -1,0 +1,111 @@
+//! Applying one unit of work to a lane's sink, riding out what a retry can fix.
+//!
+//! - A transient failure (connection lost, deadlock, lock wait timeout, the sink down or
+//!   restarting) is retried with capped exponential backoff and jitter, reconnecting first,
+//!   for as long as the sink keeps failing within `sink_outage_timeout`; then the pipeline
+//!   stops, confirming only what is durable.
+//! - A call that gets no answer within `statement_timeout` (a stalled connection: a
+//!   partition sends no reset) counts as transient: the call is dropped, which leaves nothing
+//!   of its transaction visible, and the connection replaced.
+//! - A unique-key conflict with another row can come from lanes applying different keys'
+//!   changes in different orders, so it is retried a few times before it counts as a row the
+//!   sink rejects for good (see [`crate::sink::SinkErrorKind::UniqueConflict`]).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::worker::{LaneConfig, LaneStats};
+use crate::change::Change;
+use crate::error::ErrorClass;
+use crate::sink::{Batch, LaneSink, SinkError, SinkErrorKind};
+
+/// Retries of a unique-key conflict before it counts as definite.
+const CONFLICT_RETRIES: u32 = 5;
+
+/// One unit of sink work, retried whole.
+pub(super) enum Work<'w> {
+    Batch(&'w Batch),
+    Truncate(&'w Change),
+}
+
+/// Whether a unique-key conflict is retried first (only for a lane's own batches: the
+/// pieces of a batch being settled have had their chance).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Conflicts {
+    Retry,
+    Definite,
+}
+
+/// Runs `work` until it succeeds, fails for good, or the sink stays unreachable for longer
+/// than the outage timeout (see the module docs).
+pub(super) async fn apply(
+    sink: &mut dyn LaneSink,
+    cfg: &LaneConfig,
+    stats: &LaneStats,
+    work: Work<'_>,
+    conflicts: Conflicts,
+) -> Result<(), SinkError> {
+    let mut attempt: u32 = 0;
+    let mut conflicts_seen: u32 = 0;
+    let mut outage_since: Option<Instant> = None;
+    loop {
+        let call = async {
+            match &work {
+                Work::Batch(b) => sink.apply(b).await,
+                Work::Truncate(c) => sink.truncate(&c.table, c.position).await,
+            }
+        };
+        let result = match tokio::time::timeout(cfg.statement_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(SinkError::transient(format!(
+                "sink {}: no answer within {:?} (statement_timeout); the connection is \
+                 presumed stalled",
+                cfg.sink, cfg.statement_timeout
+            ))),
+        };
+        let err = match result {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if err.kind == SinkErrorKind::UniqueConflict
+            && conflicts == Conflicts::Retry
+            && conflicts_seen < CONFLICT_RETRIES
+        {
+            conflicts_seen += 1;
+            stats.retries.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(sink = %cfg.sink, attempt = conflicts_seen, error = %err, "unique-key conflict with another row; retrying in case another lane has yet to move that row's value away");
+            tokio::time::sleep(Duration::from_millis(100 * u64::from(conflicts_seen))).await;
+            continue;
+        }
+        if err.class != ErrorClass::Transient {
+            return Err(err);
+        }
+        let since = *outage_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= cfg.outage_timeout {
+            return Err(SinkError::fatal(format!(
+                "{} (the sink kept failing for {:.0?}, longer than sink_outage_timeout {:?}, over \
+                 {attempt} retries; check that it is up and reachable, then start Zipline again: \
+                 it resumes from the last committed batch)",
+                err.message,
+                since.elapsed(),
+                cfg.outage_timeout
+            )));
+        }
+        attempt += 1;
+        stats.retries.fetch_add(1, Ordering::Relaxed);
+        let delay = super::worker::backoff(attempt);
+        tracing::warn!(sink = %cfg.sink, attempt, delay_ms = delay.as_millis() as u64, outage_secs = since.elapsed().as_secs(), error = %err, "transient sink error; retrying the batch");
+        tokio::time::sleep(delay).await;
+        // A failed reconnect counts as the next attempt's failure.
+        match tokio::time::timeout(cfg.statement_timeout, sink.reconnect()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if e.class != ErrorClass::Transient => return Err(e),
+            Ok(Err(e)) => tracing::warn!(sink = %cfg.sink, attempt, error = %e, "reconnect failed"),
+            Err(_) => {
+                tracing::warn!(sink = %cfg.sink, attempt, "reconnect got no answer within statement_timeout")
+            }
+        }
+    }
+}
