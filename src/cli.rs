@@ -97,9 +97,20 @@ struct TransformTestArgs {
 #[derive(Debug, Subcommand)]
 enum PipelineCommand {
     /// Validate, then run a pipeline until Ctrl-C or SIGTERM (then drain and exit 0).
-    Apply(FileArgs),
+    Apply(ApplyArgs),
     /// Check a pipeline file without touching any database.
     Validate(FileArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ApplyArgs {
+    #[command(flatten)]
+    file: FileArgs,
+    /// Start over: drop the replication slot, empty the sinks' tables, forget their
+    /// checkpoints, and copy every table again from a new slot. For a slot that was lost or
+    /// invalidated, or a sink that lost its state; Zipline says when it is needed.
+    #[arg(long)]
+    resnapshot: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -161,9 +172,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Transform(TransformCommand::Test(args)) => transform_test(&args),
         Command::Dlq(command) => dlq(command),
         Command::Pipeline(PipelineCommand::Apply(args)) => {
-            let pipeline = load(&args)?;
+            let pipeline = load(&args.file)?;
+            let options = zipline::pipeline::RunOptions {
+                file: args.file.file.display().to_string(),
+                resnapshot: args.resnapshot,
+            };
             runtime()?.block_on(async move {
-                zipline::pipeline::run(pipeline, shutdown_signal()).await?;
+                zipline::pipeline::run(pipeline, options, shutdown_signal()).await?;
                 Ok(())
             })
         }

@@ -10,8 +10,9 @@
 //! - `sigterm_mid_snapshot_stops_cleanly_and_resumes`: SIGTERM stops a snapshot at once
 //!   (exit 0); the next start resumes it.
 //! - `a_lost_slot_means_a_whole_new_snapshot`: killed mid-snapshot, slot dropped, rows updated
-//!   and deleted meanwhile: the sink's tables are emptied and the new slot gets a whole new
-//!   snapshot (chunks of the old one are copied again), so nothing that happened while no
+//!   and deleted meanwhile: the next start stops (the sink holds rows of a slot that is gone);
+//!   with `snapshot: when_needed` the sink's tables are emptied and the new slot gets a whole
+//!   new snapshot (chunks of the old one are copied again), so nothing that happened while no
 //!   slot existed is lost — deletes included.
 //! - `snapshot_rows_pass_through_the_transform`: the route's transform masks a column and
 //!   drops a table, for copied rows as for streamed changes.
@@ -276,6 +277,24 @@ async fn a_lost_slot_means_a_whole_new_snapshot() {
     .await
     .unwrap();
 
+    // Not silently: the sink holds rows of a slot that is gone.
+    let mut refused = fx.apply();
+    let status = refused
+        .wait_exit(Duration::from_secs(60))
+        .expect("a start without the slot stops");
+    assert_eq!(status.code(), Some(1), "{}", refused.tail(20));
+    assert!(
+        refused
+            .output()
+            .contains("replication slot zipline_e2e does not exist, but the sinks hold rows"),
+        "{}",
+        refused.tail(20)
+    );
+    // snapshot: when_needed starts over by itself.
+    fx.write_pipeline(&pipeline_yaml(&opts(&[
+        "snapshot_chunk_rows: 1000",
+        "snapshot: when_needed",
+    ])));
     let mut second = fx.apply();
     wait_log(
         &mut second,
@@ -412,9 +431,12 @@ async fn snapshot_never_copies_nothing() {
         z.assert_running();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Only the marker that the pipeline starts here (a later start tells lost sink state
+    // from a first one by it), complete, with no chunk.
+    let state = snapshot_rows(&mut my).await;
     assert!(
-        snapshot_rows(&mut my).await.is_empty(),
-        "no snapshot state without a snapshot"
+        state.len() == 1 && state[0].chunk == -1 && state[0].done_at.is_some(),
+        "no snapshot without a snapshot: {state:?}"
     );
     assert!(!z.output().contains("initial snapshot"));
     z.terminate_cleanly(Duration::from_secs(15));

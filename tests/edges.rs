@@ -7,6 +7,9 @@
 //! - `dead_letters`: a row the sink rejects follows `on_error`: dead-lettered with its key
 //!   parked and replayed in order by `zipline dlq replay` (a conflict on the sink's extra
 //!   unique key included), skipped, or halting with the row named.
+//! - `slots`: a vanished or invalidated slot, a dropped publication, and a sink that lost its
+//!   state stop with the way on (`--resnapshot`, `snapshot: when_needed`), which converges; an
+//!   idle publication pins no WAL while another database writes.
 
 mod common;
 mod e2e;
@@ -15,3 +18,5 @@ mod e2e;
 mod dead_letters;
 #[path = "edges/instances.rs"]
 mod instances;
+#[path = "edges/slots.rs"]
+mod slots;

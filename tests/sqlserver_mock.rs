@@ -349,6 +349,12 @@ impl SinkConnector for FakeSink {
         self.advanced.lock().unwrap().push(frontier);
         Box::pin(async { Ok(()) })
     }
+    fn history(&self) -> BoxFuture<'_, Result<zipline::sink::SinkHistory, SinkError>> {
+        Box::pin(async { Ok(zipline::sink::SinkHistory::Applied) })
+    }
+    fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async { Ok(()) })
+    }
     fn dead_letters(
         &self,
     ) -> BoxFuture<'_, Result<Vec<zipline::sink::DeadLetterRecord>, SinkError>> {

@@ -46,6 +46,8 @@ const POSTGRES_FIELDS: &[&str] = &[
     "snapshot",
     "snapshot_parallelism",
     "snapshot_chunk_rows",
+    "slot_warn_bytes",
+    "heartbeat_interval",
 ];
 
 const MYSQL_FIELDS: &[&str] = &[
@@ -147,6 +149,10 @@ fn postgres(f: &Fields<'_>, refs: &[SecretRef], opts: &LoadOptions) -> Result<Po
         snapshot_chunk_rows: f
             .optional("snapshot_chunk_rows", &positive::<u64>(COUNT_MAX))?
             .unwrap_or(50_000),
+        slot_warn_bytes: f
+            .optional("slot_warn_bytes", &super::transform::size)?
+            .unwrap_or(1 << 30),
+        heartbeat_interval: f.optional("heartbeat_interval", &duration)?,
     })
 }
 
@@ -154,9 +160,12 @@ fn postgres_snapshot(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<Postgre
     match non_empty(ctx, path, value)?.as_str() {
         "initial" => Ok(PostgresSnapshot::Initial),
         "never" => Ok(PostgresSnapshot::Never),
+        "when_needed" => Ok(PostgresSnapshot::WhenNeeded),
         other => Err(ctx.err(
             path,
-            format!("unknown snapshot mode `{other}`; expected `initial` or `never`"),
+            format!(
+                "unknown snapshot mode `{other}`; expected `initial`, `never` or `when_needed`"
+            ),
         )),
     }
 }

@@ -143,6 +143,13 @@ pub struct PostgresSource {
     pub snapshot_parallelism: u32,
     /// Target rows per snapshot chunk (the unit of parallelism and of resuming). Default 50000.
     pub snapshot_chunk_rows: u64,
+    /// Retained WAL above which the slot is reported with a WARN (`slot_warn_bytes`). Default
+    /// 1GiB.
+    pub slot_warn_bytes: u64,
+    /// How often to write a transactional logical message (`pg_logical_emit_message`), so a
+    /// slot on a database with no writes at all still advances (`heartbeat_interval`).
+    /// Default off.
+    pub heartbeat_interval: Option<Duration>,
 }
 
 /// `snapshot:` of `source/postgres`.
@@ -152,6 +159,10 @@ pub enum PostgresSnapshot {
     Initial,
     /// `never`: stream only changes committed after the slot was created.
     Never,
+    /// `when_needed`: as `initial`, and when the slot is gone or unusable, or a sink lost its
+    /// state, start over by itself: a new slot and a whole new snapshot (the sinks' tables are
+    /// emptied first). Without it those cases stop the pipeline with the remedy.
+    WhenNeeded,
 }
 
 /// `source/sqlserver`: SQL Server change data capture, polled from the change tables.

@@ -211,7 +211,7 @@ fn parse_limits(ctx: &Ctx<'_>, value: &Value, path: &str) -> Result<TransformLim
 }
 
 /// A byte size: `64MiB`, `512KiB`, `1GiB`, `1MB`, or a plain number of bytes.
-fn size(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<u64> {
+pub(super) fn size(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<u64> {
     let parsed = match value {
         Value::Number(n) => n.as_u64().ok_or_else(|| format!("invalid size {n}")),
         Value::String(s) => parse_size(s),

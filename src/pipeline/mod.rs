@@ -5,6 +5,7 @@
 
 pub mod dlq;
 mod instance;
+mod origin;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -64,9 +65,19 @@ struct SinkPlan {
     lane_cfg: LaneConfig,
 }
 
+/// How `zipline pipeline apply` was asked to run.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The pipeline file as the operator named it, for the commands in messages.
+    pub file: String,
+    /// `--resnapshot`: drop the slot, empty the sinks' tables and copy every table again.
+    pub resnapshot: bool,
+}
+
 /// Run a pipeline until `shutdown` resolves (then drain and return `Ok`) or an error.
 pub async fn run(
     pipeline: config::Pipeline,
+    options: RunOptions,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), PipelineError> {
     let route = match pipeline.routes.as_slice() {
@@ -93,13 +104,23 @@ pub async fn run(
     let mut claims = instance::claim(&connectors, pipeline.settings.instance_lease)
         .await
         .map_err(|(connector, error)| PipelineError::Sink { connector, error })?;
-    let result = run_claimed(pipeline, route, sinks, connectors, &mut claims, shutdown).await;
+    let result = run_claimed(
+        pipeline,
+        &options,
+        route,
+        sinks,
+        connectors,
+        &mut claims,
+        shutdown,
+    )
+    .await;
     claims.end(true).await;
     result
 }
 
 async fn run_claimed(
     pipeline: config::Pipeline,
+    options: &RunOptions,
     route: config::Route,
     sinks: Vec<SinkPlan>,
     connectors: Vec<Arc<dyn SinkConnector>>,
@@ -128,6 +149,29 @@ async fn run_claimed(
                 error,
             })?;
     }
+    let (cursor, when_needed) = match pipeline.connector(&route.from).map(|c| &c.kind) {
+        Some(ConnectorKind::PostgresSource(pg)) => (
+            pg.slot_name.as_str(),
+            pg.snapshot == config::PostgresSnapshot::WhenNeeded,
+        ),
+        _ => ("", false),
+    };
+    let cx = origin::Context {
+        file: &options.file,
+        source: &route.from,
+        cursor,
+        forced: options.resnapshot,
+        when_needed,
+    };
+    let source_tables = source.tables().to_vec();
+    origin::establish(
+        &cx,
+        &mut *source,
+        &connectors,
+        &source_tables,
+        route.transform.is_some(),
+    )
+    .await?;
     let transform = match &route.transform {
         None => None,
         Some(spec) => {
@@ -303,6 +347,8 @@ async fn preflight_source(
                 status_interval: pg.status_interval,
                 receive_timeout: pg.receive_timeout,
                 stream_in_progress: pg.stream_in_progress,
+                slot_warn_bytes: pg.slot_warn_bytes,
+                heartbeat_interval: pg.heartbeat_interval,
                 spill_dir: pg.spill_dir.clone().unwrap_or_else(|| {
                     std::env::temp_dir()
                         .join("zipline-spill")
@@ -310,7 +356,7 @@ async fn preflight_source(
                 }),
             };
             let mut source = PostgresSource::preflight(opts).await.map_err(source_err)?;
-            if pg.snapshot == config::PostgresSnapshot::Initial {
+            if pg.snapshot != config::PostgresSnapshot::Never {
                 // The snapshot records its progress in, and writes rows to, the route's sinks
                 // (connector instances of its own).
                 let mut sinks = Vec::new();
@@ -461,6 +507,7 @@ async fn report_progress(every: Duration, source: Arc<SourceStats>, lanes: Vec<A
             applied,
             received = source.received.load(Ordering::Relaxed),
             lag_ms = source.lag_micros.load(Ordering::Relaxed) / 1000,
+            slot_retained_bytes = source.retained_bytes.load(Ordering::Relaxed),
             confirmed = %Lsn::from(source.confirmed.load(Ordering::Relaxed)),
             retries,
             "progress"

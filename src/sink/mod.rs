@@ -220,6 +220,17 @@ pub trait Lease: Send {
     fn release(self: Box<Self>) -> BoxFuture<'static, ()>;
 }
 
+/// What a sink holds of a pipeline, for telling a first start from lost state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkHistory {
+    /// Nothing: the sink is new to the pipeline, or lost its state (a re-created database).
+    Empty,
+    /// Set up for the pipeline (its snapshot recorded), nothing applied yet.
+    Prepared,
+    /// Rows were applied: lane checkpoints, or snapshot chunks loaded.
+    Applied,
+}
+
 /// A configured sink: checks the target and opens lanes.
 pub trait SinkConnector: Send + Sync {
     /// The connector's name from the pipeline file.
@@ -372,6 +383,13 @@ pub trait SinkConnector: Send + Sync {
         let err = snapshot::unsupported(self.name());
         Box::pin(async move { Err(err) })
     }
+
+    /// What the sink holds of the pipeline (see [`SinkHistory`]); reads only.
+    fn history(&self) -> BoxFuture<'_, Result<SinkHistory, SinkError>>;
+
+    /// Forgets the pipeline's lane checkpoints (fenced), before a new slot and a whole new
+    /// snapshot: positions of the old slot mean nothing for the new one's changes.
+    fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>>;
 
     /// The dead letters this sink holds for the pipeline, oldest position first (none when
     /// the dead-letter table does not exist).

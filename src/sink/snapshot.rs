@@ -54,6 +54,19 @@ pub enum SnapshotState {
     Complete,
 }
 
+/// A sink's history of a pipeline from its snapshot marker (a snapshot was started or taken,
+/// or `snapshot: never` recorded its start), whether snapshot chunks loaded rows, and whether
+/// lanes committed checkpoints.
+pub(crate) fn history(marker: bool, loaded_rows: bool, checkpoints: bool) -> super::SinkHistory {
+    if checkpoints || loaded_rows {
+        super::SinkHistory::Applied
+    } else if marker {
+        super::SinkHistory::Prepared
+    } else {
+        super::SinkHistory::Empty
+    }
+}
+
 /// The error a sink without snapshot support returns.
 pub(crate) fn unsupported(sink: &str) -> SinkError {
     SinkError::fatal(format!(

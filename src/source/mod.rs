@@ -81,7 +81,7 @@ pub struct Outputs {
 }
 
 /// Counters for the progress report.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SourceStats {
     /// Changes received from the slot.
     pub received: AtomicU64,
@@ -90,6 +90,38 @@ pub struct SourceStats {
     /// Microseconds between the commit of the oldest not-yet-durable transaction and now
     /// (0 when caught up).
     pub lag_micros: AtomicI64,
+    /// WAL the source's slot retains, in bytes (-1 when unknown).
+    pub retained_bytes: AtomicI64,
+}
+
+/// What a source found of its cursor upstream at preflight.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upstream {
+    /// The source keeps no cursor upstream (SQL Server: positions live in the sinks).
+    NoCursor,
+    /// No cursor (yet, or any more).
+    Missing,
+    /// A cursor to resume from, at this position.
+    Resumable {
+        /// Where it stands, as the source prints positions.
+        position: String,
+    },
+    /// A cursor that cannot be streamed from.
+    Unusable {
+        /// Why, as a sentence.
+        reason: String,
+    },
+}
+
+impl Default for SourceStats {
+    fn default() -> Self {
+        SourceStats {
+            received: AtomicU64::new(0),
+            confirmed: AtomicU64::new(0),
+            lag_micros: AtomicI64::new(0),
+            retained_bytes: AtomicI64::new(-1),
+        }
+    }
 }
 
 /// A configured source, after a read-only preflight (reachable, permitted, tables known).
@@ -104,6 +136,14 @@ pub trait Source: Send {
     fn name(&self) -> &str;
     /// The tables this source streams, as preflight found them.
     fn tables(&self) -> &[Arc<Table>];
+    /// What preflight found of the cursor upstream.
+    fn upstream(&self) -> Upstream;
+    /// Whether creating the cursor also copies the existing rows (an initial snapshot).
+    fn takes_snapshot(&self) -> bool;
+    /// Drop the cursor upstream, so that `prepare` creates a new one and, with it, takes a
+    /// whole new snapshot. Called only when the pipeline starts over (`--resnapshot`,
+    /// `snapshot: when_needed`).
+    fn reset(&mut self) -> BoxFuture<'_, Result<(), SourceError>>;
     /// Create what the source owns upstream, when absent.
     fn prepare(&mut self) -> BoxFuture<'_, Result<(), SourceError>>;
     /// Stream until stopped or a non-retryable error.

@@ -197,6 +197,31 @@ pub(super) async fn any_rows(
     Ok(conn.query_first::<u8, _>(sql).await?.is_some())
 }
 
+/// Deletes every checkpoint row of (pipeline, connector), fenced.
+pub(super) async fn reset(conn: &mut Conn, shared: &Shared) -> Result<(), SinkError> {
+    let err = |e: mysql_async::Error| {
+        sink_error(
+            shared.sink(),
+            &format!("forgetting the lane checkpoints in {TABLE}"),
+            &e,
+        )
+    };
+    let o = &shared.options;
+    let key = LaneKey {
+        pipeline: &o.pipeline,
+        connector: &o.connector,
+        lane: 0,
+        lanes: 0,
+    };
+    conn.query_drop("START TRANSACTION").await.map_err(err)?;
+    fence::check_locked(conn, shared).await?;
+    let mut sql = String::from("DELETE FROM ");
+    push_table(&mut sql, &o.database);
+    push_owner_filter(&mut sql, &key);
+    sql.push_str(";COMMIT");
+    conn.query_drop(sql).await.map_err(err)
+}
+
 /// The durable frontier of `key`'s (pipeline, connector) on `key.lanes` lanes (see
 /// [`crate::checkpoint::durable_frontier`]). Reads only.
 pub(super) async fn frontier(

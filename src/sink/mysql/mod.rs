@@ -375,6 +375,19 @@ impl SinkConnector for MysqlConnector {
         })
     }
 
+    fn history(&self) -> BoxFuture<'_, Result<super::SinkHistory, SinkError>> {
+        Box::pin(snapshot::history(&self.shared))
+    }
+
+    fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let mut conn = self.shared.connect().await?;
+            let result = checkpoint::reset(&mut conn, &self.shared).await;
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
     fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<super::DeadLetterRecord>, SinkError>> {
         Box::pin(async move {
             let shared = &self.shared;

@@ -169,6 +169,37 @@ fn state_error(shared: &Shared, doing: &str, e: &mysql_async::Error) -> SinkErro
     sink_error(shared.sink(), &format!("{doing} in {TABLE}"), e)
 }
 
+/// What the sink holds of the pipeline (see `SinkConnector::history`).
+pub(super) async fn history(shared: &Shared) -> Result<crate::sink::SinkHistory, SinkError> {
+    let mut conn = shared.connect().await?;
+    let result = async {
+        let err = |e: mysql_async::Error| state_error(shared, "reading the snapshot state", &e);
+        conn.query_drop(create_table_sql(&shared.options.database))
+            .await
+            .map_err(err)?;
+        let mut sql = String::from(
+            "SELECT IFNULL(MAX(chunk < 0), 0), \
+             IFNULL(MAX(chunk >= 0 AND IFNULL(loaded_rows, 0) > 0), 0) FROM ",
+        );
+        push_table(&mut sql, &shared.options.database);
+        push_owner(&mut sql, shared);
+        let (marker, loaded): (bool, bool) = conn
+            .query_first(sql)
+            .await
+            .map_err(err)?
+            .unwrap_or_default();
+        let o = &shared.options;
+        let checkpoints =
+            super::checkpoint::any_rows(&mut conn, &o.database, &o.pipeline, &o.connector)
+                .await
+                .map_err(|e| sink_error(shared.sink(), "reading the lane checkpoints", &e))?;
+        Ok(crate::sink::snapshot::history(marker, loaded, checkpoints))
+    }
+    .await;
+    close(conn).await;
+    result
+}
+
 /// What the sink holds of the pipeline's snapshot.
 pub(super) async fn state(shared: &Shared) -> Result<SnapshotState, SinkError> {
     let mut conn = shared.connect().await?;

@@ -246,6 +246,31 @@ async fn read_rows(
     Ok(stored)
 }
 
+/// Deletes every checkpoint row of (pipeline, connector), fenced.
+pub(super) async fn reset(client: &Client, shared: &Shared) -> Result<(), SinkError> {
+    let table = qualified(shared.checkpoint_schema(), TABLE);
+    let doing = format!("forgetting the lane checkpoints in {table}");
+    let err = |e: tokio_postgres::Error| sink_error(shared.sink(), &doing, &e);
+    let o = &shared.options;
+    client.batch_execute("BEGIN").await.map_err(err)?;
+    let result = async {
+        fence::check_in_tx(client, shared).await?;
+        client
+            .execute(
+                &format!("DELETE FROM {table} WHERE pipeline = $1::text AND connector = $2::text"),
+                &[&o.pipeline, &o.connector],
+            )
+            .await
+            .map_err(err)?;
+        client.batch_execute("COMMIT").await.map_err(err)
+    }
+    .await;
+    if result.is_err() {
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
+    result
+}
+
 /// The durable frontier of `key`'s (pipeline, connector) on `key.lanes` lanes (see
 /// [`crate::checkpoint::durable_frontier`]). Reads only.
 pub(super) async fn frontier(

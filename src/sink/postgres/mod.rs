@@ -353,6 +353,17 @@ impl SinkConnector for PostgresConnector {
         })
     }
 
+    fn history(&self) -> BoxFuture<'_, Result<super::SinkHistory, SinkError>> {
+        Box::pin(snapshot::history(&self.shared))
+    }
+
+    fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let client = self.shared.connect().await?;
+            checkpoint::reset(&client, &self.shared).await
+        })
+    }
+
     fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<super::DeadLetterRecord>, SinkError>> {
         Box::pin(async move {
             let shared = &self.shared;

@@ -90,6 +90,42 @@ fn state_error(shared: &Shared, doing: &str, e: &tokio_postgres::Error) -> SinkE
     )
 }
 
+/// What the sink holds of the pipeline (see `SinkConnector::history`).
+pub(super) async fn history(shared: &Shared) -> Result<crate::sink::SinkHistory, SinkError> {
+    let client = shared.connect().await?;
+    let err = |e: tokio_postgres::Error| state_error(shared, "reading the snapshot state", &e);
+    client
+        .batch_execute(&create_sql(shared))
+        .await
+        .map_err(err)?;
+    let o = &shared.options;
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT coalesce(bool_or(chunk < 0), false), \
+                 coalesce(bool_or(chunk >= 0 AND coalesce(loaded_rows, 0) > 0), false) \
+                 FROM {} WHERE pipeline = $1::text AND connector = $2::text",
+                state_table(shared)
+            ),
+            &[&o.pipeline, &o.connector],
+        )
+        .await
+        .map_err(err)?;
+    let checkpoints = super::checkpoint::any_rows(
+        &client,
+        shared.checkpoint_schema(),
+        &o.pipeline,
+        &o.connector,
+    )
+    .await
+    .map_err(|e| sink_error(shared.sink(), "reading the lane checkpoints", &e))?;
+    Ok(crate::sink::snapshot::history(
+        row.get(0),
+        row.get(1),
+        checkpoints,
+    ))
+}
+
 /// What the sink holds of the pipeline's snapshot.
 pub(super) async fn state(shared: &Shared) -> Result<SnapshotState, SinkError> {
     let client = shared.connect().await?;

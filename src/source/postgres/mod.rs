@@ -7,6 +7,7 @@
 //! frontier reported by the lanes' ack tracker.
 
 mod conn;
+mod monitor;
 pub(crate) mod pgoutput;
 mod replication;
 mod setup;
@@ -56,6 +57,10 @@ pub struct PostgresSourceOptions {
     pub stream_in_progress: bool,
     /// Where streamed transactions wait for their commit.
     pub spill_dir: std::path::PathBuf,
+    /// Retained WAL above which the slot is reported (`slot_warn_bytes`).
+    pub slot_warn_bytes: u64,
+    /// Transactional logical messages this often (`heartbeat_interval`), if set.
+    pub heartbeat_interval: Option<Duration>,
 }
 
 impl std::fmt::Debug for PostgresSourceOptions {
@@ -112,6 +117,10 @@ pub struct PostgresSource {
     exported: Option<snapshot::Exported>,
     /// The slot's position when `prepare` found or created it (stamped on snapshot rows).
     slot_lsn: Lsn,
+    /// The slot as preflight found it.
+    slot: Option<setup::SlotInfo>,
+    /// Whether the publication existed at preflight.
+    publication_exists: bool,
 }
 
 impl PostgresSource {
@@ -139,9 +148,18 @@ impl PostgresSource {
         }
         let tables =
             setup::resolve_tables(&client, &opts.publication, opts.tables.as_deref()).await?;
-        setup::find_slot(&client, &opts.slot_name, &opts.database).await?;
+        let slot = setup::find_slot(&client, &opts.slot_name, &opts.database).await?;
+        let publication_exists = setup::publication_exists(&client, &opts.publication).await?;
         if tables.is_empty() {
             tracing::warn!(connector = %opts.connector, publication = %opts.publication, "no tables to replicate yet");
+        }
+        // Unanswered keepalives end the stream after wal_sender_timeout: report at least twice
+        // as often, whatever status_interval says.
+        if let Some(timeout) = setup::wal_sender_timeout(&client).await?
+            && opts.status_interval > timeout / 2
+        {
+            tracing::info!(connector = %opts.connector, status_interval_ms = opts.status_interval.as_millis() as u64, wal_sender_timeout_ms = timeout.as_millis() as u64, "status updates go out every half wal_sender_timeout (status_interval is longer)");
+            opts.status_interval = timeout / 2;
         }
         Ok(PostgresSource {
             opts,
@@ -149,6 +167,8 @@ impl PostgresSource {
             snapshot: None,
             exported: None,
             slot_lsn: Lsn(0),
+            slot,
+            publication_exists,
         })
     }
 
@@ -185,7 +205,7 @@ impl PostgresSource {
         .await?;
         match setup::find_slot(&client, &self.opts.slot_name, &self.opts.database).await? {
             Some(slot) => {
-                tracing::info!(slot = %self.opts.slot_name, confirmed_flush = slot.confirmed_flush.as_deref().unwrap_or("none"), "resuming from existing slot");
+                tracing::info!(slot = %self.opts.slot_name, confirmed_flush = slot.confirmed_flush.as_deref().unwrap_or("none"), wal_status = slot.wal_status.as_deref().unwrap_or("unknown"), retained_bytes = slot.retained_bytes.unwrap_or(-1), active_pid = slot.active_pid.unwrap_or(0), "resuming from existing slot");
                 self.slot_lsn = slot
                     .confirmed_flush
                     .as_deref()
@@ -243,6 +263,53 @@ impl Source for PostgresSource {
         &self.tables
     }
 
+    fn upstream(&self) -> crate::source::Upstream {
+        use crate::source::Upstream;
+        let name = &self.opts.slot_name;
+        match &self.slot {
+            None => Upstream::Missing,
+            Some(slot) => match slot.unusable(name) {
+                Some(reason) => Upstream::Unusable { reason },
+                None if !self.publication_exists => Upstream::Unusable {
+                    reason: format!(
+                        "publication {} does not exist, but replication slot {name} does: the \
+                         publication was dropped while the slot kept its position, and \
+                         PostgreSQL reads the slot's changes with the catalog as of that \
+                         position, where a publication created now does not exist yet (the \
+                         stream would fail with \"publication does not exist\")",
+                        self.opts.publication
+                    ),
+                },
+                None => Upstream::Resumable {
+                    position: slot
+                        .confirmed_flush
+                        .clone()
+                        .unwrap_or_else(|| "(none)".to_owned()),
+                },
+            },
+        }
+    }
+
+    fn takes_snapshot(&self) -> bool {
+        self.snapshot.is_some()
+    }
+
+    fn reset(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {
+        Box::pin(async move {
+            let params = Self::connect_params(&self.opts);
+            let client = setup::connect_sql(&params, self.opts.connect_retries).await?;
+            if self.slot.is_some() {
+                // A walsender of an earlier instance may hold it until wal_sender_timeout.
+                let patience = setup::wal_sender_timeout(&client)
+                    .await?
+                    .map_or(Duration::from_secs(120), |t| t * 3);
+                setup::drop_slot(&client, &self.opts.slot_name, patience).await?;
+            }
+            self.slot = None;
+            Ok(())
+        })
+    }
+
     fn prepare(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {
         Box::pin(self.ensure_publication_and_slot())
     }
@@ -286,7 +353,20 @@ impl Source for PostgresSource {
                     ((t.schema.clone(), t.name.clone()), key)
                 })
                 .collect();
-            replication::run(&this.opts, Arc::new(keys), params, outputs, stop, stats).await
+            let monitor = monitor::spawn(
+                params.clone(),
+                monitor::Watch {
+                    connector: this.opts.connector.clone(),
+                    slot: this.opts.slot_name.clone(),
+                    warn_bytes: this.opts.slot_warn_bytes,
+                    heartbeat: this.opts.heartbeat_interval,
+                },
+                Arc::clone(&stats),
+            );
+            let result =
+                replication::run(&this.opts, Arc::new(keys), params, outputs, stop, stats).await;
+            monitor.abort();
+            result
         })
     }
 }

@@ -164,15 +164,32 @@ pub(crate) async fn run(
 
 fn conn_error(opts: &PostgresSourceOptions, e: ConnError) -> SourceError {
     let what = format!("{} ({}:{})", opts.connector, opts.host, opts.port);
+    let start_over = "To copy every table again from a new slot, run `zipline pipeline apply` \
+                      with `--resnapshot`, or set `snapshot: when_needed` on the source";
     match e.code() {
         Some("55006") => SourceError::transient(format!(
-            "{what}: replication slot {} is still held by an earlier connection; waiting for the server \
-             to notice it is gone (wal_sender_timeout): {e}",
+            "{what}: replication slot {} is active for another connection (a walsender whose \
+             client vanished without closing it, or another pipeline with the same slot_name); \
+             waiting for the server to end it (wal_sender_timeout): {e}",
             opts.slot_name
         )),
         Some("28P01" | "28000") => SourceError::fatal(format!("{what}: cannot log in: {e}")),
         Some("57P01" | "57P02" | "57P03" | "53300") => {
             SourceError::transient(format!("{what}: {e}"))
+        }
+        Some("42704") if e.to_string().contains("publication") => SourceError::fatal(format!(
+            "{what}: {e}: publication {} was dropped while its slot {} kept its position, and \
+             PostgreSQL reads the slot's changes with the catalog as of that position, so \
+             re-creating the publication alone does not help. {start_over}",
+            opts.publication, opts.slot_name
+        )),
+        Some("55000") if e.to_string().contains("can no longer get changes") => {
+            SourceError::fatal(format!(
+                "{what}: {e}: PostgreSQL invalidated replication slot {} (the WAL it still \
+                 needed was removed); the changes since its confirmed position are gone from \
+                 the source. {start_over}",
+                opts.slot_name
+            ))
         }
         Some(_) => SourceError::fatal(format!("{what}: {e}")),
         None => match e {

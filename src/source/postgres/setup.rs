@@ -345,7 +345,10 @@ async fn identity_key_filter(
     }
 }
 
-async fn publication_exists(client: &Client, publication: &str) -> Result<bool, SourceError> {
+pub(crate) async fn publication_exists(
+    client: &Client,
+    publication: &str,
+) -> Result<bool, SourceError> {
     Ok(client
         .query_opt(
             "SELECT 1 FROM pg_publication WHERE pubname = $1",
@@ -397,8 +400,31 @@ pub(crate) async fn ensure_publication(
 }
 
 /// What we know of an existing slot.
+#[derive(Debug, Clone)]
 pub(crate) struct SlotInfo {
     pub confirmed_flush: Option<String>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (PostgreSQL 13+).
+    pub wal_status: Option<String>,
+    /// The walsender streaming from it, if any.
+    pub active_pid: Option<i32>,
+    /// WAL the slot keeps the server from recycling, in bytes.
+    pub retained_bytes: Option<i64>,
+}
+
+impl SlotInfo {
+    /// Why the slot cannot be streamed from, if it cannot.
+    pub(crate) fn unusable(&self, slot: &str) -> Option<String> {
+        match self.wal_status.as_deref() {
+            Some("lost") => Some(format!(
+                "replication slot {slot} was invalidated by PostgreSQL (wal_status = 'lost': the \
+                 WAL it still needed was removed, e.g. because it retained more than \
+                 max_slot_wal_keep_size); the changes made since its confirmed position {} are \
+                 gone from the source",
+                self.confirmed_flush.as_deref().unwrap_or("(none)")
+            )),
+            _ => None,
+        }
+    }
 }
 
 /// The slot's state, or `None` when absent; an incompatible slot of that name is an error.
@@ -409,7 +435,10 @@ pub(crate) async fn find_slot(
 ) -> Result<Option<SlotInfo>, SourceError> {
     let row = client
         .query_opt(
-            "SELECT slot_type, plugin::text, database::text, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT slot_type, plugin::text, database::text, confirmed_flush_lsn::text, \
+                    wal_status, active_pid, \
+                    (pg_current_wal_lsn() - restart_lsn)::int8 \
+             FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
         .await
@@ -435,7 +464,60 @@ pub(crate) async fn find_slot(
     }
     Ok(Some(SlotInfo {
         confirmed_flush: row.get(3),
+        wal_status: row.get(4),
+        active_pid: row.get(5),
+        retained_bytes: row.get(6),
     }))
+}
+
+/// Drops the slot, waiting (up to `patience`) for a walsender of an earlier instance that
+/// still streams from it to end.
+pub(crate) async fn drop_slot(
+    client: &Client,
+    slot: &str,
+    patience: std::time::Duration,
+) -> Result<(), SourceError> {
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut attempt = 0;
+    loop {
+        match client
+            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .await
+        {
+            Ok(_) => {
+                tracing::warn!(slot, "dropped the replication slot to start over");
+                return Ok(());
+            }
+            Err(e)
+                if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                attempt += 1;
+                let delay = crate::lane::backoff_for(attempt);
+                tracing::warn!(slot, attempt, error = %e, "the slot is still in use by a walsender of an earlier connection; waiting for it to end (wal_sender_timeout)");
+                tokio::time::sleep(delay).await;
+            }
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) => {
+                return Ok(());
+            }
+            Err(e) => return Err(sql_error(&format!("dropping replication slot {slot}"), &e)),
+        }
+    }
+}
+
+/// `wal_sender_timeout` (`None`: 0, disabled).
+pub(crate) async fn wal_sender_timeout(
+    client: &Client,
+) -> Result<Option<std::time::Duration>, SourceError> {
+    let ms: i64 = client
+        .query_one(
+            "SELECT setting::int8 FROM pg_settings WHERE name = 'wal_sender_timeout'",
+            &[],
+        )
+        .await
+        .map_err(|e| sql_error("reading wal_sender_timeout", &e))?
+        .get(0);
+    Ok((ms > 0).then(|| std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
 }
 
 /// Render a tokio-postgres error with the server's message, for a source error.

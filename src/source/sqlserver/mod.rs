@@ -226,6 +226,18 @@ impl Source for SqlServerSource {
         &self.tables
     }
 
+    fn upstream(&self) -> crate::source::Upstream {
+        crate::source::Upstream::NoCursor
+    }
+
+    fn takes_snapshot(&self) -> bool {
+        self.opts.snapshot == SnapshotMode::Initial
+    }
+
+    fn reset(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {
+        Box::pin(async { Ok(()) })
+    }
+
     fn prepare(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {
         // Nothing to create upstream: CDC is enabled by the DBA, and the position is kept
         // by the sinks.
