@@ -80,16 +80,30 @@ async fn streamed_transactions_commit_abort_and_savepoints() {
         txns >= 2,
         "the large transactions should have been streamed in progress (stream_txns = {txns})"
     );
-    let leftovers: Vec<_> = std::fs::read_dir(&spill)
-        .expect("spill dir")
-        .filter_map(Result::ok)
-        .map(|e| e.path())
+    let leftovers: Vec<_> = runs(&spill)
+        .iter()
+        .flat_map(|run| entries(run))
+        .filter(|f| f.extension().is_some_and(|e| e == "spill"))
         .collect();
     assert!(
         leftovers.is_empty(),
         "spill files left behind: {leftovers:?}"
     );
     z.terminate_cleanly(Duration::from_secs(15));
+    assert!(runs(&spill).is_empty(), "a clean stop removes its run directory");
+}
+
+fn entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .expect("reading the spill directory")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The run directories under the spill directory (one per live or crashed process).
+fn runs(spill: &std::path::Path) -> Vec<std::path::PathBuf> {
+    entries(spill).into_iter().filter(|p| p.is_dir()).collect()
 }
 
 /// Zipline killed while a streamed transaction is half received: the server streams it again
@@ -131,5 +145,10 @@ async fn kill_during_a_streamed_transaction() {
         .expect("commit large transaction");
     let mut z = fx.apply();
     wait_converged(&pg, &mut my, Some(&mut z), CONVERGE_TIMEOUT).await;
+    assert_eq!(
+        runs(&spill).len(),
+        1,
+        "the killed run's spill directory is swept, the live one's kept"
+    );
     z.terminate_cleanly(Duration::from_secs(15));
 }

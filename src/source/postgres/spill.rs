@@ -16,7 +16,12 @@
 //!   apply worker does with its spill files (`subxact_info_add`/`stream_abort` in
 //!   `src/backend/replication/logical/worker.c`).
 //! - After a reconnect the server streams unconfirmed transactions again from their start, so
-//!   every open file is dropped; files left by a crash are removed at startup.
+//!   every open file is dropped.
+//! - Several processes may share one spill directory (two pipelines of one name against other
+//!   servers, or an instance being replaced): each keeps its files in a run directory of its
+//!   own, holding an exclusive lock on its `lock` file while it lives. A run directory whose
+//!   lock nobody holds was left by a crash and is removed at startup; the base directory's
+//!   `.lock` serialises that sweep with the creation of run directories.
 //!
 //! File format: a sequence of records, each a big-endian u32 length then that many bytes (one
 //! pgoutput message, exactly as received).
@@ -29,6 +34,22 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 const SUFFIX: &str = "spill";
+const RUN_PREFIX: &str = "run-";
+
+/// Whether a live process holds the run directory `dir` (a directory without a lock file is
+/// one a crash interrupted while creating it: the sweep lock rules out a live creator).
+fn in_use(dir: &Path) -> io::Result<bool> {
+    let file = match File::open(dir.join("lock")) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    match file.try_lock() {
+        Ok(()) => Ok(false),
+        Err(fs::TryLockError::WouldBlock) => Ok(true),
+        Err(fs::TryLockError::Error(e)) => Err(e),
+    }
+}
 
 struct OpenFile {
     path: PathBuf,
@@ -42,7 +63,10 @@ struct OpenFile {
 
 /// The spill files of the transactions currently being streamed.
 pub(crate) struct Spill {
+    /// This run's own directory (removed on drop).
     dir: PathBuf,
+    /// Held locked while the run lives: the mark that `dir` is in use.
+    _lock: File,
     open: HashMap<u32, OpenFile>,
 }
 
@@ -56,17 +80,37 @@ impl std::fmt::Debug for Spill {
 }
 
 impl Spill {
-    /// Use `dir` (created if needed), removing spill files a previous run left behind.
-    pub(crate) fn new(dir: &Path) -> io::Result<Self> {
-        fs::create_dir_all(dir)?;
-        for entry in fs::read_dir(dir)? {
+    /// Use a run directory of this process's own under `base` (created if needed), removing
+    /// the run directories crashed processes left behind.
+    pub(crate) fn new(base: &Path) -> io::Result<Self> {
+        fs::create_dir_all(base)?;
+        let sweep = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(base.join(".lock"))?;
+        sweep.lock()?;
+        for entry in fs::read_dir(base)? {
             let path = entry?.path();
-            if path.extension().is_some_and(|e| e == SUFFIX) {
-                fs::remove_file(&path)?;
+            let is_run = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(RUN_PREFIX));
+            if is_run && path.is_dir() && !in_use(&path)? {
+                fs::remove_dir_all(&path)?;
             }
         }
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = base.join(format!("{RUN_PREFIX}{}-{nanos}", std::process::id()));
+        fs::create_dir_all(&dir)?;
+        let lock = File::create(dir.join("lock"))?;
+        lock.lock()?;
+        sweep.unlock()?;
         Ok(Spill {
-            dir: dir.to_owned(),
+            dir,
+            _lock: lock,
             open: HashMap::new(),
         })
     }
@@ -173,6 +217,12 @@ impl Spill {
     }
 }
 
+impl Drop for Spill {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// The messages of one committed streamed transaction.
 pub(crate) struct SpillReader {
     inner: Option<(BufReader<io::Take<File>>, PathBuf)>,
@@ -225,10 +275,10 @@ mod tests {
         s.append(7, 7, b"bb").unwrap();
         let r = s.finish(7).unwrap();
         assert_eq!(read_all(r), vec![b"a".to_vec(), b"bb".to_vec()]);
-        assert!(!dir.path().join("7.spill").exists());
+        assert!(!s.dir.join("7.spill").exists());
         assert_eq!(s.open_count(), 1);
         s.reset().unwrap();
-        assert!(!dir.path().join("9.spill").exists());
+        assert!(!s.dir.join("9.spill").exists());
     }
 
     #[test]
@@ -252,15 +302,33 @@ mod tests {
     #[test]
     fn whole_abort_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("3.spill"), b"stale").unwrap();
         let mut s = Spill::new(dir.path()).unwrap();
-        assert!(
-            !dir.path().join("3.spill").exists(),
-            "stale files are swept"
-        );
         s.append(5, 5, b"x").unwrap();
         s.abort(5, 5).unwrap();
-        assert!(!dir.path().join("5.spill").exists());
+        assert!(!s.dir.join("5.spill").exists());
         assert!(read_all(s.finish(5).unwrap()).is_empty());
+    }
+
+    #[test]
+    fn runs_sharing_a_directory_keep_apart_and_crashed_runs_are_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        // A crashed run: its directory is there, nobody holds its lock.
+        let crashed = dir.path().join("run-1-2");
+        std::fs::create_dir(&crashed).unwrap();
+        std::fs::write(crashed.join("lock"), b"").unwrap();
+        std::fs::write(crashed.join("3.spill"), b"stale").unwrap();
+        let mut a = Spill::new(dir.path()).unwrap();
+        assert!(!crashed.exists(), "a crashed run's files are swept");
+        a.append(7, 7, b"from a").unwrap();
+        // A second live run leaves the first one's files alone, the same xid included.
+        let mut b = Spill::new(dir.path()).unwrap();
+        assert_ne!(a.dir, b.dir);
+        b.append(7, 7, b"from b").unwrap();
+        assert_eq!(read_all(a.finish(7).unwrap()), vec![b"from a".to_vec()]);
+        assert_eq!(read_all(b.finish(7).unwrap()), vec![b"from b".to_vec()]);
+        let a_dir = a.dir.clone();
+        drop(a);
+        assert!(!a_dir.exists(), "a run removes its directory when it ends");
+        assert!(b.dir.exists());
     }
 }
