@@ -111,6 +111,10 @@ struct ApplyArgs {
     /// invalidated, or a sink that lost its state; Zipline says when it is needed.
     #[arg(long)]
     resnapshot: bool,
+    /// Stop replicating a table the source no longer publishes: forget Zipline's record of
+    /// it (`schema.table`; repeatable). Its sink table is left as it is.
+    #[arg(long = "forget-table", value_name = "TABLE")]
+    forget_tables: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -176,6 +180,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let options = zipline::pipeline::RunOptions {
                 file: args.file.file.display().to_string(),
                 resnapshot: args.resnapshot,
+                forget_tables: args
+                    .forget_tables
+                    .iter()
+                    .map(|t| {
+                        if t.contains('.') {
+                            t.clone()
+                        } else {
+                            format!("public.{t}")
+                        }
+                    })
+                    .collect(),
             };
             runtime()?.block_on(async move {
                 zipline::pipeline::run(pipeline, options, shutdown_signal()).await?;

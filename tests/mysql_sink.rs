@@ -534,11 +534,9 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
         host: "elsewhere".into(),
     };
     let second = MysqlConnector::new(options(&db));
-    let refused = second
-        .claim(&other, Duration::from_secs(30))
-        .await
-        .err()
-        .expect("a second live claim is refused");
+    let Err(refused) = second.claim(&other, Duration::from_secs(30)).await else {
+        panic!("a second live claim is refused");
+    };
     assert_eq!(refused.class, ErrorClass::Fatal);
     let me = Holder::this_process();
     assert!(
@@ -560,8 +558,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let fenced = lane
         .apply(&batch(2, pos(200, 1)))
         .await
-        .err()
-        .expect("the old instance's batch is fenced");
+        .expect_err("the old instance's batch is fenced");
     assert_eq!(fenced.class, ErrorClass::Fatal);
     assert!(
         fenced.message.contains(
@@ -573,7 +570,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     );
     assert_eq!(db.sql(DB, "SELECT GROUP_CONCAT(id) FROM orders"), "1");
     assert_eq!(checkpoints(&db), "orders-pipe\tmysql-out\t0\t1\t100\t1");
-    let renewed = lease.renew().await.err().expect("the old claim is gone");
+    let renewed = lease.renew().await.expect_err("the old claim is gone");
     assert_eq!(renewed.class, ErrorClass::Fatal, "{}", renewed.message);
 
     let mut lane = open(&second, 0, 1).await;
@@ -631,8 +628,7 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
             vec![upsert(&t, pos(11, 1), row(12, "a@x", "twelve"))],
         ))
         .await
-        .err()
-        .expect("a conflict on another unique key is an error");
+        .expect_err("a conflict on another unique key is an error");
     assert_eq!(err.class, ErrorClass::Definite);
     assert_eq!(err.kind, SinkErrorKind::UniqueConflict);
     assert!(
@@ -649,8 +645,7 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
             vec![upsert(&t, pos(11, 2), row(2, "a@x", "moved"))],
         ))
         .await
-        .err()
-        .expect("a conflict on another unique key is an error");
+        .expect_err("a conflict on another unique key is an error");
     assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.message);
     assert!(err.message.contains("(id)=(2)"), "{}", err.message);
     assert_eq!(
@@ -674,8 +669,7 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
     let err = connector
         .snapshot_load_rows(&chunk, &t, &[row(3, "c@x", "ok"), row(13, "b@x", "clash")])
         .await
-        .err()
-        .expect("a snapshot row conflicting on another unique key is an error");
+        .expect_err("a snapshot row conflicting on another unique key is an error");
     assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.message);
     assert!(
         err.message

@@ -514,11 +514,9 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
         host: "elsewhere".into(),
     };
     let second = PostgresConnector::new(options(&pg));
-    let refused = second
-        .claim(&other, Duration::from_secs(30))
-        .await
-        .err()
-        .expect("a second live claim is refused");
+    let Err(refused) = second.claim(&other, Duration::from_secs(30)).await else {
+        panic!("a second live claim is refused");
+    };
     assert_eq!(refused.class, ErrorClass::Fatal);
     let me = Holder::this_process();
     assert!(
@@ -540,8 +538,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let fenced = lane
         .apply(&batch(2, pos(200, 1)))
         .await
-        .err()
-        .expect("the old instance's batch is fenced");
+        .expect_err("the old instance's batch is fenced");
     assert_eq!(fenced.class, ErrorClass::Fatal);
     assert!(
         fenced.message.contains(
@@ -556,7 +553,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
         "1"
     );
     assert_eq!(checkpoints(&pg), "orders-pipe|pg-out|0|1|100|1|0");
-    let renewed = lease.renew().await.err().expect("the old claim is gone");
+    let renewed = lease.renew().await.expect_err("the old claim is gone");
     assert_eq!(renewed.class, ErrorClass::Fatal, "{}", renewed.message);
 
     let mut lane = open(&second, 0, 1).await;

@@ -355,6 +355,23 @@ impl SinkConnector for FakeSink {
     fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async { Ok(()) })
     }
+    fn table_records(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<zipline::checkpoint::TableRecord>, SinkError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+    fn record_table<'a>(
+        &'a self,
+        _: &'a zipline::checkpoint::TableRecord,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn forget_table<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async { Ok(()) })
+    }
+    fn alter_column_sql<'a>(&'a self, _: &'a Table, _: &'a str) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async { None })
+    }
     fn dead_letters(
         &self,
     ) -> BoxFuture<'_, Result<Vec<zipline::sink::DeadLetterRecord>, SinkError>> {
@@ -405,6 +422,10 @@ async fn start(
             routers: vec![Router::new(vec![tx])],
             acks: ack_rx,
             transform: None,
+            ledger: zipline::source::Ledger {
+                known: Vec::new(),
+                record: mpsc::unbounded_channel().0,
+            },
         },
         stop_rx,
         Arc::new(SourceStats::default()),

@@ -18,8 +18,10 @@
 //! second instance of a pipeline from writing.
 
 pub(crate) mod fence;
+pub mod tables;
 
 pub use fence::Holder;
+pub use tables::TableRecord;
 
 use crate::change::Position;
 

@@ -16,7 +16,8 @@ use super::fields::{
 };
 use super::locate::child_index;
 use super::model::{
-    Connector, ConnectorKind, MysqlSink, PostgresSnapshot, PostgresSource, SinkTuning,
+    Connector, ConnectorKind, MysqlSink, OnTableRecreate, PostgresSnapshot, PostgresSource,
+    SinkTuning,
 };
 use super::secrets::{SecretRef, secret_field, secret_refs};
 use super::transform::OnError;
@@ -48,6 +49,7 @@ const POSTGRES_FIELDS: &[&str] = &[
     "snapshot_chunk_rows",
     "slot_warn_bytes",
     "heartbeat_interval",
+    "on_table_recreate",
 ];
 
 const MYSQL_FIELDS: &[&str] = &[
@@ -153,7 +155,21 @@ fn postgres(f: &Fields<'_>, refs: &[SecretRef], opts: &LoadOptions) -> Result<Po
             .optional("slot_warn_bytes", &super::transform::size)?
             .unwrap_or(1 << 30),
         heartbeat_interval: f.optional("heartbeat_interval", &duration)?,
+        on_table_recreate: f
+            .optional("on_table_recreate", &on_table_recreate)?
+            .unwrap_or(OnTableRecreate::Stop),
     })
+}
+
+fn on_table_recreate(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<OnTableRecreate> {
+    match non_empty(ctx, path, value)?.as_str() {
+        "stop" => Ok(OnTableRecreate::Stop),
+        "resnapshot" => Ok(OnTableRecreate::Resnapshot),
+        other => Err(ctx.err(
+            path,
+            format!("unknown policy `{other}`; expected `stop` or `resnapshot`"),
+        )),
+    }
 }
 
 fn postgres_snapshot(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<PostgresSnapshot> {
@@ -444,7 +460,7 @@ connectors:
         assert_eq!(
             err,
             "p.yaml:10: connectors[0].snapshot: unknown snapshot mode `always`; expected \
-             `initial` or `never`"
+             `initial`, `never` or `when_needed`"
         );
         let err = load_with("    snapshot_parallelism: 65\n", &opts(&[])).unwrap_err();
         assert!(
@@ -524,7 +540,7 @@ routes:
         let cases: &[(&str, &str)] = &[
             (
                 "    hots: x\n",
-                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval, receive_timeout, stream_in_progress, spill_dir, snapshot, snapshot_parallelism, snapshot_chunk_rows",
+                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval, receive_timeout, stream_in_progress, spill_dir, snapshot, snapshot_parallelism, snapshot_chunk_rows, slot_warn_bytes, heartbeat_interval, on_table_recreate",
             ),
             (
                 "    port: 0\n",

@@ -34,8 +34,8 @@ mod transform;
 
 pub use error::ConfigError;
 pub use model::{
-    Connector, ConnectorKind, MysqlSink, Pipeline, PostgresSink, PostgresSnapshot, PostgresSource,
-    Route, Settings, SinkTuning, SqlServerSnapshot, SqlServerSource,
+    Connector, ConnectorKind, MysqlSink, OnTableRecreate, Pipeline, PostgresSink, PostgresSnapshot,
+    PostgresSource, Route, Settings, SinkTuning, SqlServerSnapshot, SqlServerSource,
 };
 pub use secrets::Secret;
 pub use transform::{OnError, TransformLimits, TransformSpec};

@@ -150,6 +150,19 @@ pub struct PostgresSource {
     /// slot on a database with no writes at all still advances (`heartbeat_interval`).
     /// Default off.
     pub heartbeat_interval: Option<Duration>,
+    /// What a table dropped and created again (or gone from the publication) does
+    /// (`on_table_recreate`). Default: stop.
+    pub on_table_recreate: OnTableRecreate,
+}
+
+/// `on_table_recreate:` of `source/postgres`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTableRecreate {
+    /// `stop`: stop, naming the table and the choices.
+    Stop,
+    /// `resnapshot`: empty the table's sink tables, copy it again from a new snapshot, then
+    /// follow it.
+    Resnapshot,
 }
 
 /// `snapshot:` of `source/postgres`.

@@ -191,8 +191,8 @@ impl LaneState<'_> {
                 ..Settled::default()
             },
             Err(e)
-                if e.class == ErrorClass::Definite && self.cfg.on_error != OnError::Halt
-                    || e.class == ErrorClass::Definite && b.changes.len() > 1 =>
+                if e.class == ErrorClass::Definite
+                    && (self.cfg.on_error != OnError::Halt || b.changes.len() > 1) =>
             {
                 let reuse = Vec::with_capacity(b.changes.len());
                 let done = settle(self.sink, self.cfg, self.stats, self.parked, b, e).await?;

@@ -12,6 +12,9 @@ use crate::checkpoint::Holder;
 use crate::error::ErrorClass;
 use crate::sink::{Lease, SinkConnector, SinkError};
 
+/// How long a stop waits for the renewing task and for each release.
+const RELEASE_WAIT: Duration = Duration::from_secs(3);
+
 /// The claims of every sink, renewed by a task of their own.
 pub(crate) struct Claims {
     stop: watch::Sender<bool>,
@@ -86,7 +89,15 @@ async fn renew(
             _ = ticker.tick() => {}
         }
         for (name, lease) in &mut leases {
-            match lease.renew().await {
+            // A stalled fence session must not hold the renewals (or a stop) up.
+            let renewed = tokio::time::timeout(every, lease.renew())
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SinkError::transient(format!(
+                        "sink {name}: no answer to renewing the claim within {every:?}"
+                    )))
+                });
+            match renewed {
                 Ok(()) => {}
                 Err(e) if e.class == ErrorClass::Transient => {
                     tracing::warn!(sink = %name, error = %e, "cannot renew the pipeline's claim; the sink's writes stay fenced either way, retrying");
@@ -107,11 +118,18 @@ impl Claims {
     /// instance need not wait for the lease.
     pub(crate) async fn end(self, release: bool) {
         let _ = self.stop.send(true);
-        if let Ok(leases) = self.task.await
-            && release
-        {
+        let mut task = self.task;
+        let leases = match tokio::time::timeout(RELEASE_WAIT, &mut task).await {
+            Ok(Ok(leases)) => leases,
+            _ => {
+                task.abort();
+                return;
+            }
+        };
+        if release {
             for lease in leases {
-                lease.release().await;
+                // A claim not released in time lapses with its session or its lease.
+                let _ = tokio::time::timeout(RELEASE_WAIT, lease.release()).await;
             }
         }
     }

@@ -387,9 +387,35 @@ pub trait SinkConnector: Send + Sync {
     /// What the sink holds of the pipeline (see [`SinkHistory`]); reads only.
     fn history(&self) -> BoxFuture<'_, Result<SinkHistory, SinkError>>;
 
-    /// Forgets the pipeline's lane checkpoints (fenced), before a new slot and a whole new
-    /// snapshot: positions of the old slot mean nothing for the new one's changes.
+    /// Forgets the pipeline's lane checkpoints and table records (fenced), before a new slot
+    /// and a whole new snapshot: positions of the old slot mean nothing for the new one's
+    /// changes.
     fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>>;
+
+    /// The source tables the pipeline applied into this sink, as last recorded (see
+    /// [`crate::checkpoint::tables`]).
+    fn table_records(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<crate::checkpoint::TableRecord>, SinkError>>;
+
+    /// Records a source table's shape once its first change of that shape is durable
+    /// (fenced; a record older than the stored one is ignored).
+    fn record_table<'a>(
+        &'a self,
+        record: &'a crate::checkpoint::TableRecord,
+    ) -> BoxFuture<'a, Result<(), SinkError>>;
+
+    /// Forgets the record of `table` (`schema.name`): the pipeline no longer replicates it.
+    fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>>;
+
+    /// The statement, in this sink's SQL, that makes the sink column of `column` of source
+    /// table `table` (its new shape) take the new type; `None` when the sink cannot say. For
+    /// the message of a stop at a column's type change.
+    fn alter_column_sql<'a>(
+        &'a self,
+        table: &'a Table,
+        column: &'a str,
+    ) -> BoxFuture<'a, Option<String>>;
 
     /// The dead letters this sink holds for the pipeline, oldest position first (none when
     /// the dead-letter table does not exist).

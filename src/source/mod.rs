@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 use tokio::sync::{mpsc, watch};
 
 use crate::change::Table;
+use crate::checkpoint::TableRecord;
 use crate::error::{Classify, ErrorClass};
 use crate::lane::{Ack, Router};
 use crate::sink::BoxFuture;
@@ -28,6 +29,49 @@ pub struct SourceError {
     pub class: ErrorClass,
     /// What went wrong and what to do; never contains a secret.
     pub message: String,
+    /// Where the runtime reacts to more than the class.
+    pub kind: SourceErrorKind,
+}
+
+/// What kind of stop a [`SourceError`] is, where the runtime acts on it.
+#[derive(Debug, Clone, Default)]
+pub enum SourceErrorKind {
+    /// Nothing more to say than the class.
+    #[default]
+    Other,
+    /// A column changed type: the source stopped right before the first row of the new type,
+    /// with everything before it applied and confirmed. `record` is the table's new shape:
+    /// recorded, so the next start (after the operator altered the sink column) goes on.
+    TypeChanged {
+        /// The table's new shape.
+        record: Box<TableRecord>,
+        /// The column whose type changed.
+        column: String,
+    },
+    /// A table the pipeline applied was dropped and created again, or left the publication,
+    /// seen at position `at` (everything before it applied and confirmed).
+    TableChanged {
+        /// `schema.name`.
+        table: String,
+        /// What happened to it.
+        change: TableChange,
+        /// Where in the stream it was noticed.
+        at: crate::change::Lsn,
+    },
+}
+
+/// What happened to a table the pipeline applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableChange {
+    /// Dropped and created again: another relation id under the same name.
+    Recreated {
+        /// The relation id the pipeline applied.
+        old: u32,
+        /// The relation id now.
+        new: u32,
+    },
+    /// No longer in the publication (removed from it, or dropped).
+    Unpublished,
 }
 
 impl SourceError {
@@ -35,18 +79,21 @@ impl SourceError {
         SourceError {
             class: ErrorClass::Transient,
             message: message.into(),
+            kind: SourceErrorKind::Other,
         }
     }
     pub fn fatal(message: impl Into<String>) -> Self {
         SourceError {
             class: ErrorClass::Fatal,
             message: message.into(),
+            kind: SourceErrorKind::Other,
         }
     }
     pub fn definite(message: impl Into<String>) -> Self {
         SourceError {
             class: ErrorClass::Definite,
             message: message.into(),
+            kind: SourceErrorKind::Other,
         }
     }
 }
@@ -68,6 +115,17 @@ pub enum StopMode {
     Abort,
 }
 
+/// The tables the pipeline applied before, and where a source sends the shapes it starts
+/// applying once their first change is durable (the runtime records them in the sinks; see
+/// [`crate::checkpoint::tables`]).
+#[derive(Debug)]
+pub struct Ledger {
+    /// The records read from the sinks at start.
+    pub known: Vec<TableRecord>,
+    /// Where new records go.
+    pub record: mpsc::UnboundedSender<TableRecord>,
+}
+
 /// Where the source sends changes, and where acks come back.
 #[derive(Debug)]
 pub struct Outputs {
@@ -78,6 +136,8 @@ pub struct Outputs {
     /// The route's transform: changes pass through it before routing (lanes are chosen on
     /// the transformed key). `None` when the route has none.
     pub transform: Option<crate::transform::RouteTransform>,
+    /// The tables applied before, and where new shapes are recorded.
+    pub ledger: Ledger,
 }
 
 /// Counters for the progress report.
@@ -146,6 +206,14 @@ pub trait Source: Send {
     fn reset(&mut self) -> BoxFuture<'_, Result<(), SourceError>>;
     /// Create what the source owns upstream, when absent.
     fn prepare(&mut self) -> BoxFuture<'_, Result<(), SourceError>>;
+    /// Copies the tables named `tables` (`schema.name`) again into the sinks, from a new
+    /// snapshot, and returns their records (shape and relation id as the catalog has them
+    /// now; `since` left at zero for the caller). For a table dropped and created again
+    /// (`on_table_recreate: resnapshot`); the caller emptied their sink tables first.
+    fn recopy<'a>(
+        &'a mut self,
+        tables: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<TableRecord>, SourceError>>;
     /// Stream until stopped or a non-retryable error.
     fn run(
         self: Box<Self>,

@@ -396,6 +396,18 @@ impl Zipline {
         }
     }
 
+    /// Waits up to `timeout` for the process to fail (exit 1) by itself, with `needle` in its
+    /// output; returns the output.
+    pub fn expect_failure(&mut self, timeout: Duration, needle: &str) -> String {
+        let status = self
+            .wait_exit(timeout)
+            .unwrap_or_else(|| panic!("zipline kept running:\n{}", self.tail(40)));
+        assert_eq!(status.code(), Some(1), "{}", self.tail(40));
+        let out = self.output();
+        assert!(out.contains(needle), "expected `{needle}` in:\n{out}");
+        out
+    }
+
     /// Sends `sig` (`TERM`, `INT`, `KILL`, ...).
     pub fn signal(&self, sig: &str) {
         if let Some(pid) = self.pid() {

@@ -36,6 +36,13 @@ pub struct Config {
     /// Percentage of notes that are large (several kB of incompressible text, stored
     /// out of line as TOAST).
     pub toast_pct: u32,
+    /// Per mille of transactions that touch every row of the key space (large enough to be
+    /// streamed before commit under a small `logical_decoding_work_mem`).
+    pub big_txn_permille: u32,
+    /// Reconnect (and retry the transaction) when the connection is lost: for workloads
+    /// that run across source restarts. A transaction whose COMMIT was cut may have
+    /// committed; retrying it is harmless for the final comparison, which reads the source.
+    pub reconnect: bool,
 }
 
 impl Config {
@@ -50,6 +57,8 @@ impl Config {
             pause: Duration::ZERO,
             rekey_pct: 8,
             toast_pct: 0,
+            big_txn_permille: 0,
+            reconnect: false,
         }
     }
 }
@@ -183,6 +192,10 @@ enum Stmt {
     BumpRange {
         lo: i64,
     },
+    /// Every row of the key space.
+    BumpAll {
+        key_space: i64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -267,6 +280,11 @@ fn gen_row(rng: &mut StdRng, id: i64, toast_pct: u32) -> Row {
 }
 
 fn gen_stmt(rng: &mut StdRng, cfg: &Config) -> Stmt {
+    if cfg.big_txn_permille > 0 && rng.random_ratio(cfg.big_txn_permille, 1000) {
+        return Stmt::BumpAll {
+            key_space: cfg.key_space,
+        };
+    }
     let id = rng.random_range(1..=cfg.key_space);
     let roll = rng.random_range(0..100u32);
     if roll < cfg.rekey_pct {
@@ -326,37 +344,53 @@ struct Prepared {
     rekey: tokio_postgres::Statement,
     rekey_status: tokio_postgres::Statement,
     bump: tokio_postgres::Statement,
+    bump_all: tokio_postgres::Statement,
 }
 
 async fn prepare(c: &tokio_postgres::Client) -> Prepared {
+    try_prepare(c)
+        .await
+        .unwrap_or_else(|e| panic!("preparing the workload's statements: {e}"))
+}
+
+async fn try_prepare(c: &tokio_postgres::Client) -> Result<Prepared, tokio_postgres::Error> {
     let p = |sql: &'static str| async move {
         let sql = (1..=9).fold(sql.to_owned(), |s, n| {
             s.replace(&format!("ts(${n})"), &ts(&format!("${n}")))
         });
-        c.prepare(&sql)
-            .await
-            .unwrap_or_else(|e| panic!("preparing {sql}: {e}"))
+        c.prepare(&sql).await
     };
-    Prepared {
-        upsert: p(UPSERT).await,
-        set_status_amount: p("UPDATE orders SET status = $2, amount = $3::text::numeric WHERE id = $1").await,
-        set_note_flag: p("UPDATE orders SET note = $2, flag = $3 WHERE id = $1").await,
+    Ok(Prepared {
+        upsert: p(UPSERT).await?,
+        set_status_amount: p("UPDATE orders SET status = $2, amount = $3::text::numeric WHERE id = $1").await?,
+        set_note_flag: p("UPDATE orders SET note = $2, flag = $3 WHERE id = $1").await?,
         set_customer_time: p(
             "UPDATE orders SET customer = $2, created_at = ts($3) WHERE id = $1",
         )
-        .await,
-        delete: p("DELETE FROM orders WHERE id = $1").await,
+        .await?,
+        delete: p("DELETE FROM orders WHERE id = $1").await?,
         rekey: p(
             "UPDATE orders SET id = $2 WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM orders WHERE id = $2)",
         )
-        .await,
+        .await?,
         rekey_status: p(
             "UPDATE orders SET id = $2, status = $3 WHERE id = $1 \
              AND NOT EXISTS (SELECT 1 FROM orders WHERE id = $2)",
         )
-        .await,
-        bump: p("UPDATE orders SET amount = amount + 1 WHERE id BETWEEN $1 AND $1 + 4").await,
-    }
+        .await?,
+        bump: p("UPDATE orders SET amount = amount + 1 WHERE id BETWEEN $1 AND $1 + 4").await?,
+        bump_all: p("UPDATE orders SET amount = amount + 1, note = repeat(md5(id::text), 4) \
+                     WHERE id <= $1")
+        .await?,
+    })
+}
+
+/// The server went away (or is going away): reconnect, then retry.
+fn connection_lost(e: &tokio_postgres::Error) -> bool {
+    e.is_closed()
+        || e.as_db_error().is_none()
+        || e.code()
+            .is_some_and(|c| c.code().starts_with("57P") || c.code().starts_with("08"))
 }
 
 /// Errors after which the whole transaction is retried as it was.
@@ -376,13 +410,7 @@ async fn writer(
     stop: &AtomicBool,
     changes: &AtomicU64,
 ) -> Report {
-    let (mut client, conn) = tokio_postgres::connect(conn_str, tokio_postgres::NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("workload writer {w}: connecting: {e}"));
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    let ps = prepare(&client).await;
+    let (mut client, mut ps) = connect(w, conn_str).await;
     let mut rng = StdRng::seed_from_u64(
         cfg.seed
             .wrapping_add((w as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
@@ -408,6 +436,10 @@ async fn writer(
                     report.retries += 1;
                     tokio::time::sleep(Duration::from_millis(rng.random_range(1..20))).await;
                 }
+                Err(e) if cfg.reconnect && connection_lost(&e) => {
+                    report.retries += 1;
+                    (client, ps) = reconnect(w, conn_str, stop).await;
+                }
                 Err(e) => {
                     panic!("workload writer {w}: transaction failed after {attempt} retries: {e:?}")
                 }
@@ -418,6 +450,41 @@ async fn writer(
         }
     }
     report
+}
+
+async fn connect(w: usize, conn_str: &str) -> (tokio_postgres::Client, Prepared) {
+    let (client, conn) = tokio_postgres::connect(conn_str, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("workload writer {w}: connecting: {e}"));
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let ps = prepare(&client).await;
+    (client, ps)
+}
+
+/// Connects again after the server went away, for up to two minutes.
+async fn reconnect(
+    w: usize,
+    conn_str: &str,
+    stop: &AtomicBool,
+) -> (tokio_postgres::Client, Prepared) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok((client, conn)) = tokio_postgres::connect(conn_str, tokio_postgres::NoTls).await {
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            if let Ok(ps) = try_prepare(&client).await {
+                return (client, ps);
+            }
+        }
+        assert!(
+            Instant::now() < deadline || stop.load(Ordering::Relaxed),
+            "workload writer {w}: the source did not come back within two minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[derive(Default)]
@@ -483,6 +550,7 @@ async fn run_txn(
                 n
             }
             Stmt::BumpRange { lo } => tx.execute(&ps.bump, &[lo]).await?,
+            Stmt::BumpAll { key_space } => tx.execute(&ps.bump_all, &[key_space]).await?,
         };
         if n > 0 {
             out.changes += n;
@@ -491,6 +559,7 @@ async fn run_txn(
                     out.keys.extend([*old, *new]);
                 }
                 Stmt::BumpRange { lo } => out.keys.extend(*lo..*lo + 5),
+                Stmt::BumpAll { key_space } => out.keys.extend(1..=*key_space),
                 Stmt::Upsert(r) => out.keys.push(r.id),
                 Stmt::SetStatusAmount { id, .. }
                 | Stmt::SetNoteFlag { id, .. }

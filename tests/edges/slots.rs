@@ -5,38 +5,15 @@
 
 use std::time::{Duration, Instant};
 
-use crate::e2e::workload::{self, Config};
 use crate::e2e::{
-    CONVERGE_TIMEOUT, Fixture, MY_DB, MY_ORDERS, PG_DB, PipelineOpts, SLOT, Zipline, pipeline_yaml,
-    wait_converged, wait_streaming,
+    Fixture, MY_DB, MY_ORDERS, PG_DB, PipelineOpts, SLOT, pipeline_yaml, wait_streaming,
 };
-
-/// Writes a burst of random changes and waits for it to finish.
-async fn burst(fx: &Fixture, changes: u64) {
-    let mut cfg = Config::new(workload::seed(), changes);
-    cfg.key_space = 500;
-    let w = workload::start(fx.pg.conn_str(PG_DB), cfg);
-    w.join().await;
-}
-
-/// `zipline pipeline apply -f orders.yaml` plus `extra` arguments.
-fn apply_with(fx: &mut Fixture, extra: &[&str]) -> Zipline {
-    let mut args = fx.args("apply");
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    let env = fx.env();
-    fx.spawn(&args, &env)
-}
+use crate::steps::{burst, converge_with, run_once};
 
 /// A start that must stop at once with exit 1 and `needle` in its output, before touching
 /// the slot or the publication.
 fn assert_stops(fx: &mut Fixture, needle: &str) -> String {
-    let mut z = fx.apply();
-    let status = z
-        .wait_exit(Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("zipline kept running:\n{}", z.tail(40)));
-    assert_eq!(status.code(), Some(1), "{}", z.tail(40));
-    let out = z.output();
-    assert!(out.contains(needle), "expected `{needle}` in:\n{out}");
+    let out = fx.apply().expect_failure(Duration::from_secs(60), needle);
     assert!(
         out.contains("--resnapshot`, or set `snapshot: when_needed` on source orders-db"),
         "{out}"
@@ -46,26 +23,6 @@ fn assert_stops(fx: &mut Fixture, needle: &str) -> String {
         "{out}"
     );
     out
-}
-
-/// Runs, writes, converges and stops cleanly: the sink then holds the pipeline's rows.
-async fn run_once(fx: &mut Fixture) {
-    let pg = fx.pg_client().await;
-    let mut z = fx.apply();
-    wait_streaming(&pg, &mut z, Duration::from_secs(60)).await;
-    burst(fx, 1_500).await;
-    let mut my = fx.my_checker().await;
-    wait_converged(&pg, &mut my, Some(&mut z), CONVERGE_TIMEOUT).await;
-    z.terminate_cleanly(Duration::from_secs(20));
-}
-
-async fn converge_with(fx: &mut Fixture, extra: &[&str]) {
-    let pg = fx.pg_client().await;
-    let mut z = apply_with(fx, extra);
-    wait_streaming(&pg, &mut z, Duration::from_secs(120)).await;
-    let mut my = fx.my_checker().await;
-    wait_converged(&pg, &mut my, Some(&mut z), CONVERGE_TIMEOUT).await;
-    z.terminate_cleanly(Duration::from_secs(20));
 }
 
 #[tokio::test]
@@ -119,15 +76,9 @@ async fn a_dropped_publication_stops_with_the_remedy() {
         .await
         .expect("dropping the publication");
     burst(&fx, 200).await;
-    let status = z
-        .wait_exit(Duration::from_secs(60))
-        .unwrap_or_else(|| panic!("zipline kept running:\n{}", z.tail(40)));
-    assert_eq!(status.code(), Some(1), "{}", z.tail(40));
-    assert!(
-        z.output()
-            .contains("publication zipline_e2e_pub was dropped while its slot"),
-        "{}",
-        z.tail(20)
+    z.expect_failure(
+        Duration::from_secs(60),
+        "publication zipline_e2e_pub was dropped while its slot",
     );
     assert_stops(
         &mut fx,

@@ -40,6 +40,7 @@ pub(crate) mod literal;
 mod plan;
 mod schema;
 mod snapshot;
+mod tables;
 mod unique;
 
 use std::fmt;
@@ -230,6 +231,17 @@ impl SinkConnector for MysqlConnector {
                     &e,
                 )
             })?;
+            let create = tables::create_table_sql(&o.database);
+            conn.query_drop(create).await.map_err(|e| {
+                sink_error(
+                    shared.sink(),
+                    &format!(
+                        "creating the table records {}",
+                        crate::checkpoint::tables::TABLES_TABLE
+                    ),
+                    &e,
+                )
+            })?;
             if o.create_dead_letter_table {
                 let create = dead_letter::create_table_sql(&o.database, &o.dead_letter_table);
                 conn.query_drop(create).await.map_err(|e| {
@@ -382,9 +394,63 @@ impl SinkConnector for MysqlConnector {
     fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async move {
             let mut conn = self.shared.connect().await?;
-            let result = checkpoint::reset(&mut conn, &self.shared).await;
+            let mut result = checkpoint::reset(&mut conn, &self.shared).await;
+            if result.is_ok() {
+                result = tables::forget(&mut conn, &self.shared, None).await;
+            }
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
             result
+        })
+    }
+
+    fn table_records(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<crate::checkpoint::TableRecord>, SinkError>> {
+        Box::pin(async move {
+            let mut conn = self.shared.connect().await?;
+            let result = tables::load(&mut conn, &self.shared).await;
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
+    fn record_table<'a>(
+        &'a self,
+        record: &'a crate::checkpoint::TableRecord,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let mut conn = self.shared.connect().await?;
+            let result = tables::record(&mut conn, &self.shared, record).await;
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
+    fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let mut conn = self.shared.connect().await?;
+            let result = tables::forget(&mut conn, &self.shared, Some(table)).await;
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
+    fn alter_column_sql<'a>(
+        &'a self,
+        table: &'a Table,
+        column: &'a str,
+    ) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let col = table.columns.iter().find(|c| c.name == column)?;
+            let kind = ddl::column_type(col, col.is_key).ok()?;
+            let mut sql = String::from("ALTER TABLE ");
+            sql.push_str(&schema::target(&self.shared.options.database, table));
+            sql.push_str(" MODIFY ");
+            literal::push_ident(&mut sql, column);
+            sql.push(' ');
+            sql.push_str(&kind);
+            sql.push_str(" (keep the column's NULL or NOT NULL and its default)");
+            Some(sql)
         })
     }
 

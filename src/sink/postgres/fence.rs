@@ -344,13 +344,13 @@ impl PostgresLease {
         let err =
             |e: tokio_postgres::Error| sink_error(sink, "taking the pipeline's lock again", &e);
         let (live, _) = self.shared.fence_keys;
-        if !try_lock(client, live).await.map_err(err)? {
-            if lock_holder(client, live).await.map_err(err)? == Some(self.session) {
-                terminate(client, sink, self.session).await?;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                try_lock(client, live).await.map_err(err)?;
-            }
-            // Otherwise another process holds it: the epoch in the fence row decides.
+        // When another process holds it, the epoch in the fence row decides.
+        if !try_lock(client, live).await.map_err(err)?
+            && lock_holder(client, live).await.map_err(err)? == Some(self.session)
+        {
+            terminate(client, sink, self.session).await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            try_lock(client, live).await.map_err(err)?;
         }
         self.session = client
             .query_one("SELECT pg_backend_pid()", &[])

@@ -51,6 +51,7 @@ mod pipeline;
 mod schema;
 mod snapshot;
 pub(crate) mod sql;
+mod tables;
 
 use std::fmt;
 use std::sync::Arc;
@@ -252,6 +253,11 @@ impl SinkConnector for PostgresConnector {
                     &e,
                 )
             })?;
+            let create = tables::create_table_sql(shared.checkpoint_schema());
+            client
+                .batch_execute(&create)
+                .await
+                .map_err(|e| sink_error(shared.sink(), "creating the table records", &e))?;
             if o.create_dead_letter_table {
                 let create =
                     dead_letter::create_table_sql(shared.checkpoint_schema(), &o.dead_letter_table);
@@ -360,7 +366,59 @@ impl SinkConnector for PostgresConnector {
     fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(async move {
             let client = self.shared.connect().await?;
-            checkpoint::reset(&client, &self.shared).await
+            checkpoint::reset(&client, &self.shared).await?;
+            tables::forget(&client, &self.shared, None).await
+        })
+    }
+
+    fn table_records(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<crate::checkpoint::TableRecord>, SinkError>> {
+        Box::pin(async move {
+            let client = self.shared.connect().await?;
+            tables::load(&client, &self.shared).await
+        })
+    }
+
+    fn record_table<'a>(
+        &'a self,
+        record: &'a crate::checkpoint::TableRecord,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let client = self.shared.connect().await?;
+            tables::record(&client, &self.shared, record).await
+        })
+    }
+
+    fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let client = self.shared.connect().await?;
+            tables::forget(&client, &self.shared, Some(table)).await
+        })
+    }
+
+    fn alter_column_sql<'a>(
+        &'a self,
+        table: &'a Table,
+        column: &'a str,
+    ) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let col = table.columns.iter().find(|c| c.name == column)?;
+            let client = self.shared.connect().await.ok()?;
+            let type_name: String = client
+                .query_one(
+                    "SELECT format_type($1::oid, $2::int4)",
+                    &[&col.type_oid, &col.type_modifier],
+                )
+                .await
+                .ok()?
+                .get(0);
+            let target = qualified(self.shared.target_schema(table), &table.name);
+            let mut name = String::new();
+            sql::push_ident(&mut name, column);
+            Some(format!(
+                "ALTER TABLE {target} ALTER COLUMN {name} TYPE {type_name}"
+            ))
         })
     }
 

@@ -9,7 +9,7 @@
 mod conn;
 mod monitor;
 pub(crate) mod pgoutput;
-mod replication;
+pub(crate) mod replication;
 mod setup;
 mod snapshot;
 mod spill;
@@ -121,6 +121,11 @@ pub struct PostgresSource {
     slot: Option<setup::SlotInfo>,
     /// Whether the publication existed at preflight.
     publication_exists: bool,
+    /// The relation id of each of `tables`.
+    relations: Vec<u32>,
+    /// The server's WAL position at preflight: a table change seen in the catalog then is
+    /// behind it in the stream.
+    started_at: Lsn,
 }
 
 impl PostgresSource {
@@ -146,8 +151,11 @@ impl PostgresSource {
             tracing::info!(connector = %opts.connector, server_version = version, "the server cannot stream transactions in progress (PostgreSQL 14+); large transactions arrive after commit");
             opts.stream_in_progress = false;
         }
-        let tables =
+        let resolved =
             setup::resolve_tables(&client, &opts.publication, opts.tables.as_deref()).await?;
+        let relations: Vec<u32> = resolved.iter().map(|(_, oid)| *oid).collect();
+        let tables: Vec<Arc<Table>> = resolved.into_iter().map(|(t, _)| t).collect();
+        let started_at = setup::current_wal_lsn(&client).await?;
         let slot = setup::find_slot(&client, &opts.slot_name, &opts.database).await?;
         let publication_exists = setup::publication_exists(&client, &opts.publication).await?;
         if tables.is_empty() {
@@ -169,6 +177,8 @@ impl PostgresSource {
             slot_lsn: Lsn(0),
             slot,
             publication_exists,
+            relations,
+            started_at,
         })
     }
 
@@ -314,6 +324,48 @@ impl Source for PostgresSource {
         Box::pin(self.ensure_publication_and_slot())
     }
 
+    fn recopy<'a>(
+        &'a mut self,
+        names: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<crate::checkpoint::TableRecord>, SourceError>> {
+        Box::pin(async move {
+            let connector = &self.opts.connector;
+            let Some(setup) = &self.snapshot else {
+                return Err(SourceError::fatal(format!(
+                    "{connector}: copying a table again needs a snapshot, which `snapshot: \
+                     never` forbids"
+                )));
+            };
+            let mut tables = Vec::new();
+            let mut records = Vec::new();
+            for name in names {
+                let Some(i) = self.tables.iter().position(|t| t.qualified_name() == *name) else {
+                    return Err(SourceError::fatal(format!(
+                        "{connector}: cannot copy table {name} again: it is not in publication \
+                         {} (add it back, or list it in `tables:` so Zipline does)",
+                        self.opts.publication
+                    )));
+                };
+                tables.push(Arc::clone(&self.tables[i]));
+                records.push(crate::checkpoint::TableRecord {
+                    table: (*self.tables[i]).clone(),
+                    relation: self.relations[i],
+                    since: Lsn(0),
+                });
+            }
+            let params = Self::connect_params(&self.opts);
+            let cx = snapshot::Context {
+                opts: &self.opts,
+                params: &params,
+                tables: &self.tables,
+                lsn: self.slot_lsn,
+            };
+            let (_keep, mut stop) = tokio::sync::watch::channel(StopMode::Run);
+            snapshot::recopy(cx, setup, &tables, &mut stop).await?;
+            Ok(records)
+        })
+    }
+
     fn run(
         self: Box<Self>,
         outputs: Outputs,
@@ -353,22 +405,75 @@ impl Source for PostgresSource {
                     ((t.schema.clone(), t.name.clone()), key)
                 })
                 .collect();
+            let published: Vec<(String, u32)> = this
+                .tables
+                .iter()
+                .zip(&this.relations)
+                .map(|(t, oid)| (t.qualified_name(), *oid))
+                .collect();
+            let events = Arc::new(std::sync::Mutex::new(catalog_events(
+                &outputs.ledger.known,
+                &published,
+                this.started_at,
+            )));
             let monitor = monitor::spawn(
                 params.clone(),
                 monitor::Watch {
                     connector: this.opts.connector.clone(),
                     slot: this.opts.slot_name.clone(),
+                    publication: this.opts.publication.clone(),
                     warn_bytes: this.opts.slot_warn_bytes,
                     heartbeat: this.opts.heartbeat_interval,
+                    tables: published,
+                    events: Arc::clone(&events),
                 },
                 Arc::clone(&stats),
             );
-            let result =
-                replication::run(&this.opts, Arc::new(keys), params, outputs, stop, stats).await;
+            let result = replication::run(
+                &this.opts,
+                Arc::new(keys),
+                params,
+                outputs,
+                stop,
+                stats,
+                events,
+            )
+            .await;
             monitor.abort();
             result
         })
     }
+}
+
+/// What the catalog at start says of the tables the pipeline applied: one dropped and created
+/// again (another relation id), or no longer published, is a change the stream may never
+/// show; it is due once the stream has passed `at`, the WAL position then.
+fn catalog_events(
+    known: &[crate::checkpoint::TableRecord],
+    published: &[(String, u32)],
+    at: Lsn,
+) -> Vec<replication::tables::TableEvent> {
+    use crate::source::TableChange;
+    known
+        .iter()
+        .filter_map(|record| {
+            let name = record.name();
+            let change = match published.iter().find(|(n, _)| *n == name) {
+                None => TableChange::Unpublished,
+                Some((_, oid)) if *oid != record.relation => TableChange::Recreated {
+                    old: record.relation,
+                    new: *oid,
+                },
+                Some(_) => return None,
+            };
+            tracing::info!(table = %name, ?change, "the catalog differs from what the pipeline applied; due once the stream reaches the position of this start");
+            Some(replication::tables::TableEvent {
+                table: name,
+                change,
+                at,
+            })
+        })
+        .collect()
 }
 
 /// Quote an SQL identifier.

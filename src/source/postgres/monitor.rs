@@ -4,6 +4,9 @@
 //! - The WAL the slot retains: a WARN with the figure when it passes `slot_warn_bytes`, and
 //!   when PostgreSQL reports `wal_status = 'unreserved'` (past `max_wal_size`: the next
 //!   checkpoint may invalidate the slot). Once per crossing, not every tick.
+//! - The publication: a table the pipeline streams that leaves it or is dropped and created
+//!   again (another relation id) becomes a table event at the current WAL position, which
+//!   the stream acts on once it has passed that position (see `replication::tables`).
 //! - `heartbeat_interval`: a transactional logical message (`pg_logical_emit_message`), so a
 //!   slot on a database with no writes at all gets something to decode and its confirmed
 //!   position (and with it the retained WAL) moves on.
@@ -18,8 +21,9 @@ use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 
 use super::conn::ConnectParams;
+use super::replication::tables::{Events, TableEvent};
 use super::setup;
-use crate::source::SourceStats;
+use crate::source::{SourceStats, TableChange};
 
 /// How often the slot is looked at when no heartbeat asks for more.
 const CHECK_EVERY: Duration = Duration::from_secs(10);
@@ -29,8 +33,13 @@ const CHECK_EVERY: Duration = Duration::from_secs(10);
 pub(crate) struct Watch {
     pub(crate) connector: String,
     pub(crate) slot: String,
+    pub(crate) publication: String,
     pub(crate) warn_bytes: u64,
     pub(crate) heartbeat: Option<Duration>,
+    /// The published tables the source streams, with their relation ids.
+    pub(crate) tables: Vec<(String, u32)>,
+    /// Where table events go.
+    pub(crate) events: Events,
 }
 
 /// Starts the monitor; it records the slot's retained WAL in `stats` and runs until the
@@ -68,6 +77,9 @@ async fn run(params: ConnectParams, watch: Watch, stats: Arc<SourceStats>) {
                 tracing::debug!(connector = %watch.connector, error = %e, "reading the slot's state")
             }
         }
+        if let Err(e) = check_publication(c, &watch).await {
+            tracing::debug!(connector = %watch.connector, error = %e, "reading the publication's tables");
+        }
         if let Some(interval) = watch.heartbeat
             && last_beat.elapsed() >= interval
             && !state.heartbeat_refused
@@ -89,6 +101,42 @@ async fn run(params: ConnectParams, watch: Watch, stats: Arc<SourceStats>) {
             }
         }
     }
+}
+
+/// Records a table event for each streamed table that left the publication or came back
+/// under another relation id (once per table).
+async fn check_publication(client: &Client, watch: &Watch) -> Result<(), tokio_postgres::Error> {
+    let now = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await?
+        .get::<_, String>(0)
+        .parse()
+        .unwrap_or_default();
+    let published = setup::published(client, &watch.publication).await?;
+    let mut events = watch
+        .events
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (name, oid) in &watch.tables {
+        if events.iter().any(|e| &e.table == name) {
+            continue;
+        }
+        let change = match published.iter().find(|(n, _)| n == name) {
+            None => TableChange::Unpublished,
+            Some((_, now_oid)) if now_oid != oid => TableChange::Recreated {
+                old: *oid,
+                new: *now_oid,
+            },
+            Some(_) => continue,
+        };
+        tracing::info!(connector = %watch.connector, table = %name, ?change, "a streamed table changed in the catalog; the stream stops once it has passed this point");
+        events.push(TableEvent {
+            table: name.clone(),
+            change,
+            at: now,
+        });
+    }
+    Ok(())
 }
 
 async fn slot_status(
@@ -140,8 +188,11 @@ mod tests {
         let watch = Watch {
             connector: "pg".into(),
             slot: "s".into(),
+            publication: "p".into(),
             warn_bytes: 100,
             heartbeat: None,
+            tables: Vec::new(),
+            events: Events::default(),
         };
         let mut state = State::default();
         state.observe(&watch, Some("reserved"), Some(50));

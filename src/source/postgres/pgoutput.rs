@@ -28,7 +28,7 @@ mod relations;
 
 use reader::Reader;
 pub(crate) use reader::{DecodeError, DecodeProblem};
-pub(crate) use relations::{ChangeError, KeyHints, Relations};
+pub(crate) use relations::{ChangeError, KeyHints, Known, Relations};
 
 /// One decoded pgoutput message.
 #[derive(Debug, Clone, PartialEq)]

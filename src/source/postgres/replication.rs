@@ -22,18 +22,23 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::conn::{
-    ConnError, ConnectParams, ReplMessage, ReplicationConn, ReplicationStream, now_pg_micros,
-};
-use super::pgoutput::{self, KeyHints, PgOutput, Relations};
+use super::conn::{ConnError, ConnectParams, ReplMessage, ReplicationConn, ReplicationStream};
+use super::pgoutput::{self, KeyHints, Known, PgOutput, Relations};
 use super::spill::Spill;
 use super::{PostgresSourceOptions, quote_ident, quote_literal};
-use crate::change::{Change, Lsn, Position};
+use crate::change::{Lsn, Position};
 use crate::error::{Classify, ErrorClass};
-use crate::lane::{AckTracker, lane_of, needs_barrier, plan};
+use crate::lane::AckTracker;
 use crate::source::{Outputs, SourceError, SourceStats, StopMode};
 
+mod dispatch;
+mod feedback;
 mod staged;
+pub(crate) mod tables;
+
+use self::dispatch::{barrier_send, send_change, wait_idle};
+use self::feedback::{drain_acks, maybe_report, on_stop, report, watchdog};
+use self::tables::stop_at;
 
 /// Reconnect attempts in a row before a lost stream becomes fatal (≈5 minutes of backoff).
 const MAX_RECONNECTS: u32 = 60;
@@ -63,8 +68,10 @@ struct State<'a> {
     spill: Spill,
     /// The top-level xid of the stream block being received, between Stream Start and Stop.
     streaming: Option<u32>,
-    /// For SQL connections made while streaming (see `stop_at_schema_change`).
+    /// For SQL connections made while streaming (see `tables::stop_at`).
     params: ConnectParams,
+    /// New table shapes to record, and catalog events to stop at (see `tables`).
+    ledger: tables::Ledger,
 }
 
 struct OpenTx {
@@ -92,10 +99,21 @@ pub(crate) async fn run(
     opts: &PostgresSourceOptions,
     keys: KeyHints,
     params: ConnectParams,
-    outputs: Outputs,
+    mut outputs: Outputs,
     stop: watch::Receiver<StopMode>,
     stats: Arc<SourceStats>,
+    events: tables::Events,
 ) -> Result<(), SourceError> {
+    let known: Known = std::mem::take(&mut outputs.ledger.known)
+        .into_iter()
+        .map(|r| {
+            (
+                (r.table.schema.clone(), r.table.name.clone()),
+                (r.relation, r.table),
+            )
+        })
+        .collect();
+    let ledger = tables::Ledger::new(outputs.ledger.record.clone(), events);
     // Ticks serve both the status interval and the receive watchdog.
     let mut ticker = tokio::time::interval(
         opts.status_interval
@@ -109,7 +127,8 @@ pub(crate) async fn run(
         stop,
         stats,
         tracker: AckTracker::new(Lsn(0)),
-        relations: Relations::new(keys),
+        relations: Relations::new(keys, known),
+        ledger,
         tx: None,
         received: Lsn(0),
         reported: Lsn(0),
@@ -267,117 +286,6 @@ async fn session(st: &mut State<'_>, params: &ConnectParams) -> Result<(), Sourc
             return Ok(());
         }
     }
-}
-
-fn drain_acks(st: &mut State<'_>) {
-    while let Ok(ack) = st.outputs.acks.try_recv() {
-        st.tracker.ack(&ack);
-    }
-    let lag = st
-        .tracker
-        .oldest_pending_commit_time()
-        .map_or(0, |t| (now_pg_micros() - t).max(0));
-    st.stats.lag_micros.store(lag, Ordering::Relaxed);
-}
-
-async fn on_stop(st: &mut State<'_>, stream: &mut ReplicationStream) -> Result<Flow, SourceError> {
-    let mode = *st.stop.borrow_and_update();
-    match mode {
-        StopMode::Run => Ok(Flow::Continue),
-        StopMode::Abort => {
-            drain_acks(st);
-            report(st, stream, false).await?;
-            Ok(Flow::Stopped)
-        }
-        StopMode::Drain => {
-            // What waits for the transform is received: deliver it before closing the lanes.
-            // (Boxed: flushing dispatches, and dispatching may stop, which lands here again.)
-            if let Flow::Stopped = Box::pin(staged::flush(st, stream)).await? {
-                return Ok(Flow::Stopped);
-            }
-            tracing::info!(connector = %st.opts.connector, in_flight = st.tracker.in_flight(), "draining lanes");
-            // Closing the queues lets each lane commit what it holds and exit.
-            st.outputs.routers.clear();
-            loop {
-                tokio::select! {
-                    ack = st.outputs.acks.recv() => match ack {
-                        Some(ack) => st.tracker.ack(&ack),
-                        None => break,
-                    },
-                    _ = st.ticker.tick() => periodic_report(st, stream).await?,
-                }
-            }
-            drain_acks(st);
-            report(st, stream, false).await?;
-            tracing::info!(connector = %st.opts.connector, confirmed = %st.reported, "drained; confirmed the durable frontier");
-            Ok(Flow::Stopped)
-        }
-    }
-}
-
-/// On each tick while reading the socket: give up on a silent connection (a partition sends
-/// no reset), ask for a reply when it has been quiet for half the timeout, and send the
-/// periodic status update.
-async fn watchdog(st: &mut State<'_>, stream: &mut ReplicationStream) -> Result<(), SourceError> {
-    let quiet = st.last_heard.elapsed();
-    if quiet >= st.opts.receive_timeout {
-        return Err(SourceError::transient(format!(
-            "{}: no message from the server for {:.1}s (receive_timeout); the connection is presumed lost",
-            st.opts.connector,
-            quiet.as_secs_f64()
-        )));
-    }
-    if quiet >= st.opts.receive_timeout / 2 {
-        return report(st, stream, true).await;
-    }
-    periodic_report(st, stream).await
-}
-
-/// A status update when `status_interval` has passed since the last one, or sooner when the
-/// frontier moved (so the slot releases WAL and reports progress promptly once caught up).
-async fn periodic_report(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-) -> Result<(), SourceError> {
-    let since = st.last_report.elapsed();
-    if since >= st.opts.status_interval
-        || (st.tracker.frontier() > st.reported && since >= FRONTIER_REPORT_EVERY)
-    {
-        report(st, stream, false).await?;
-    }
-    Ok(())
-}
-
-async fn maybe_report(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-) -> Result<(), SourceError> {
-    if st.tracker.frontier() > st.reported && st.last_report.elapsed() >= FRONTIER_REPORT_EVERY {
-        report(st, stream, false).await?;
-    }
-    Ok(())
-}
-
-/// Send a standby status update whose flush position is the durable frontier.
-async fn report(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    reply: bool,
-) -> Result<(), SourceError> {
-    let frontier = st.tracker.frontier();
-    stream
-        .send_status(st.received.max(frontier), frontier, reply)
-        .await
-        .map_err(|e| conn_error(st.opts, e))?;
-    if frontier > st.reported {
-        tracing::debug!(connector = %st.opts.connector, flush = %frontier, "confirmed durable frontier");
-    }
-    st.reported = frontier;
-    st.last_report = Instant::now();
-    st.stats
-        .confirmed
-        .store(frontier.as_pg(), Ordering::Relaxed);
-    Ok(())
 }
 
 async fn on_message(
@@ -542,12 +450,16 @@ async fn on_data(
     msg: PgOutput,
 ) -> Result<Flow, SourceError> {
     match msg {
-        PgOutput::Relation(body) => match st.relations.apply_relation(body) {
-            Ok(table) => {
-                tracing::debug!(table = %table.qualified_name(), columns = table.columns.len(), "relation");
+        PgOutput::Relation(body) => {
+            let rel_id = body.rel_id;
+            match st.relations.apply_relation(body) {
+                Ok(table) => {
+                    tracing::debug!(table = %table.qualified_name(), columns = table.columns.len(), "relation");
+                    tables::on_shape(st, rel_id, &table);
+                }
+                Err(e) => return Err(stop_at(st, stream, &e).await),
             }
-            Err(e) => return Err(stop_at_schema_change(st, stream, &e).await),
-        },
+        }
         msg @ (PgOutput::Insert { .. } | PgOutput::Update { .. } | PgOutput::Delete { .. }) => {
             let position = next_position(st)?;
             let change = st
@@ -591,57 +503,6 @@ async fn on_data(
     Ok(Flow::Continue)
 }
 
-/// A Relation message the sinks cannot follow (a column changed type): let everything before
-/// it become durable and confirm it, so that after the operator's fix the restart resumes
-/// right at the change instead of replaying older rows (and this message) again; then stop.
-/// Nothing after the message was dispatched, so none of it is applied or confirmed.
-async fn stop_at_schema_change(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    e: &pgoutput::ChangeError,
-) -> SourceError {
-    let err = change_error(st, e);
-    let settled = async {
-        if let Flow::Stopped = Box::pin(staged::flush(st, stream)).await? {
-            return Ok(());
-        }
-        if wait_idle_streaming(st, stream).await? {
-            drain_acks(st);
-            report(st, stream, false).await?;
-            wait_confirmed(&st.params, &st.opts.slot_name, st.reported).await?;
-        }
-        Ok::<_, SourceError>(())
-    };
-    if let Err(other) = settled.await {
-        tracing::warn!(connector = %st.opts.connector, error = %other, "could not confirm the changes before the schema change");
-    }
-    err
-}
-
-/// Waits (up to 5 s) until the slot's confirmed position shows the last report: the caller
-/// exits next, and a connection closed with unread data in it is reset, which can lose a
-/// status update the walsender has not read yet.
-async fn wait_confirmed(params: &ConnectParams, slot: &str, lsn: Lsn) -> Result<(), SourceError> {
-    let client = super::setup::connect_sql(params, 0).await?;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let wanted = lsn.to_string();
-    loop {
-        let done: bool = client
-            .query_one(
-                "SELECT coalesce(confirmed_flush_lsn >= $2::text::pg_lsn, true) \
-                 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot, &wanted],
-            )
-            .await
-            .map_err(|e| super::setup::sql_error("reading the slot's confirmed position", &e))?
-            .get(0);
-        if done || Instant::now() >= deadline {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn change_error(st: &State<'_>, e: &pgoutput::ChangeError) -> SourceError {
     let message = format!("{}: {e}", st.opts.connector);
     match e.class() {
@@ -659,148 +520,4 @@ fn next_position(st: &mut State<'_>) -> Result<Position, SourceError> {
     })?;
     tx.ordinal += 1;
     Ok(Position::new(tx.lsn, tx.ordinal))
-}
-
-/// Hand one change to every sink's lane for its key, waiting for queue space while still
-/// serving acks and status updates.
-async fn dispatch(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    change: Change,
-) -> Result<Flow, SourceError> {
-    let sinks = st.outputs.routers.len();
-    let mut change = Some(change);
-    for i in 0..sinks {
-        // Clone for every sink but the last, which takes the original.
-        let copy = if i + 1 == sinks {
-            change.take()
-        } else {
-            change.clone()
-        };
-        let Some(copy) = copy else { break };
-        let lanes = st.outputs.routers[i].lanes();
-        for (lane, part) in plan(copy, lanes) {
-            if let Flow::Stopped = send(st, stream, i, lane, part).await? {
-                return Ok(Flow::Stopped);
-            }
-        }
-    }
-    Ok(Flow::Continue)
-}
-
-async fn send(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    sink: usize,
-    lane: u32,
-    change: Change,
-) -> Result<Flow, SourceError> {
-    // The common case, a queue with room, needs none of the waiting below: building that
-    // select (and cloning the sender and stop receiver for it) cost more than the send.
-    if let Ok(permit) = st.outputs.routers[sink].sender(lane).try_reserve() {
-        permit.send(Arc::new(change));
-        st.tracker.dispatched(1);
-        return Ok(Flow::Continue);
-    }
-    let sender = st.outputs.routers[sink].sender(lane).clone();
-    // A clone: a Drain noticed while waiting here must still reach the main loop.
-    let mut stop = st.stop.clone();
-    let permit = loop {
-        tokio::select! {
-            biased;
-            permit = sender.reserve() => break permit.map_err(|_| SourceError::fatal(format!("{}: lane {lane} of sink #{sink} stopped", st.opts.connector)))?,
-            _ = stop.changed() => {
-                if *stop.borrow() == StopMode::Abort {
-                    return on_stop(st, stream).await;
-                }
-            }
-            Some(ack) = st.outputs.acks.recv() => { st.tracker.ack(&ack); drain_acks(st); maybe_report(st, stream).await?; }
-            _ = st.ticker.tick() => periodic_report(st, stream).await?,
-        }
-    };
-    permit.send(Arc::new(change));
-    st.tracker.dispatched(1);
-    Ok(Flow::Continue)
-}
-
-/// Sends one change the way its keys need: alone behind a barrier, or to its lane.
-async fn send_change(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    change: Change,
-) -> Result<Flow, SourceError> {
-    let barrier = st
-        .outputs
-        .routers
-        .iter()
-        .any(|r| needs_barrier(&change, r.lanes()));
-    if barrier {
-        barrier_send(st, stream, change).await
-    } else {
-        dispatch(st, stream, change).await
-    }
-}
-
-/// A change that touches more than one lane's keys (a truncate; a TOAST move across lanes)
-/// must land after every earlier change of every lane and before every later one: wait until
-/// nothing is in flight, send it to one lane of each sink (lane 0 for a truncate, the new
-/// key's lane for a move), and wait again.
-async fn barrier_send(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    change: Change,
-) -> Result<Flow, SourceError> {
-    if !wait_idle_streaming(st, stream).await? {
-        return Ok(Flow::Stopped);
-    }
-    for i in 0..st.outputs.routers.len() {
-        let lanes = st.outputs.routers[i].lanes();
-        let lane = if change.op == crate::change::Op::Truncate {
-            0
-        } else {
-            lane_of(&change.table.schema, &change.table.name, &change.key, lanes)
-        };
-        if let Flow::Stopped = send(st, stream, i, lane, change.clone()).await? {
-            return Ok(Flow::Stopped);
-        }
-    }
-    if !wait_idle_streaming(st, stream).await? {
-        return Ok(Flow::Stopped);
-    }
-    Ok(Flow::Continue)
-}
-
-/// Wait until every dispatched copy is acked, keeping the stream alive. False on Abort.
-async fn wait_idle_streaming(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-) -> Result<bool, SourceError> {
-    // A clone: a Drain noticed while waiting here must still reach the main loop.
-    let mut stop = st.stop.clone();
-    while st.tracker.in_flight() > 0 {
-        tokio::select! {
-            ack = st.outputs.acks.recv() => match ack {
-                Some(ack) => { st.tracker.ack(&ack); drain_acks(st); }
-                None => return Err(SourceError::fatal(format!("{}: every lane stopped", st.opts.connector))),
-            },
-            _ = stop.changed() => if *stop.borrow() == StopMode::Abort { return Ok(false) },
-            _ = st.ticker.tick() => periodic_report(st, stream).await?,
-        }
-    }
-    Ok(true)
-}
-
-/// Wait until every dispatched copy is acked, with no stream (it was lost). False when asked
-/// to stop: at once on Abort, once idle on Drain (the lanes close when `Outputs` drops).
-async fn wait_idle(st: &mut State<'_>) -> Result<bool, SourceError> {
-    while st.tracker.in_flight() > 0 {
-        tokio::select! {
-            ack = st.outputs.acks.recv() => match ack {
-                Some(ack) => st.tracker.ack(&ack),
-                None => return Err(SourceError::fatal(format!("{}: every lane stopped", st.opts.connector))),
-            },
-            _ = st.stop.changed() => if *st.stop.borrow() == StopMode::Abort { return Ok(false) },
-        }
-    }
-    Ok(*st.stop.borrow() == StopMode::Run)
 }

@@ -164,7 +164,7 @@ pub(crate) async fn resolve_tables(
     client: &Client,
     publication: &str,
     configured: Option<&[String]>,
-) -> Result<Vec<Arc<Table>>, SourceError> {
+) -> Result<Vec<(Arc<Table>, u32)>, SourceError> {
     let names: Vec<(String, String)> = match configured {
         Some(list) => list.iter().map(|t| split_table_name(t)).collect(),
         None => {
@@ -187,7 +187,8 @@ pub(crate) async fn resolve_tables(
     };
     let mut tables = Vec::with_capacity(names.len());
     for (schema, name) in names {
-        tables.push(Arc::new(describe_table(client, &schema, &name).await?));
+        let (table, oid) = describe_table(client, &schema, &name).await?;
+        tables.push((Arc::new(table), oid));
     }
     Ok(tables)
 }
@@ -199,7 +200,12 @@ fn split_table_name(name: &str) -> (String, String) {
     }
 }
 
-async fn describe_table(client: &Client, schema: &str, name: &str) -> Result<Table, SourceError> {
+/// The table's shape and relation id (OID).
+async fn describe_table(
+    client: &Client,
+    schema: &str,
+    name: &str,
+) -> Result<(Table, u32), SourceError> {
     let qualified = format!("{schema}.{name}");
     let rel = client
         .query_opt(
@@ -257,7 +263,7 @@ async fn describe_table(client: &Client, schema: &str, name: &str) -> Result<Tab
              on NOT NULL columns"
         )));
     }
-    Ok(Table::new(schema.to_owned(), name.to_owned(), columns))
+    Ok((Table::new(schema.to_owned(), name.to_owned(), columns), oid))
 }
 
 /// Fails naming every column whose type cannot round-trip through a sink: composite (row)
@@ -503,6 +509,33 @@ pub(crate) async fn drop_slot(
             Err(e) => return Err(sql_error(&format!("dropping replication slot {slot}"), &e)),
         }
     }
+}
+
+/// The server's current WAL write position.
+pub(crate) async fn current_wal_lsn(client: &Client) -> Result<crate::change::Lsn, SourceError> {
+    let text: String = client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .map_err(|e| sql_error("reading pg_current_wal_lsn()", &e))?
+        .get(0);
+    text.parse()
+        .map_err(|e| SourceError::fatal(format!("pg_current_wal_lsn(): {e}")))
+}
+
+/// The tables in `publication` now, by `schema.name`, with their relation ids.
+pub(crate) async fn published(
+    client: &Client,
+    publication: &str,
+) -> Result<Vec<(String, u32)>, tokio_postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT schemaname || '.' || tablename,                     (quote_ident(schemaname) || '.' || quote_ident(tablename))::regclass::oid              FROM pg_publication_tables WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
 }
 
 /// `wal_sender_timeout` (`None`: 0, disabled).

@@ -34,26 +34,25 @@
 //!
 //! [`SinkConnector::snapshot_load_rows`]: crate::sink::SinkConnector::snapshot_load_rows
 
+mod chunks;
 mod copy_text;
 mod plan;
 mod progress;
 mod reader;
 
-use std::collections::{BTreeSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
+use self::chunks::{Engine, Job};
 use self::progress::{Progress, TableProgress};
 use self::reader::Reader;
 use super::PostgresSourceOptions;
 use super::conn::{ConnectParams, ReplicationConn};
-use crate::change::{Change, Lsn, Op, Position, Table, Value};
-use crate::error::ErrorClass;
-use crate::sink::{SinkConnector, SinkError, SnapshotChunk, SnapshotState};
+use crate::change::{Lsn, Position, Table};
+use crate::sink::{SinkConnector, SinkError, SnapshotState};
 use crate::source::{SourceError, StopMode};
 use crate::transform::RouteTransform;
 
@@ -114,6 +113,7 @@ fn sink_err(e: SinkError) -> SourceError {
     SourceError {
         class: e.class,
         message: e.message,
+        kind: crate::source::SourceErrorKind::Other,
     }
 }
 
@@ -250,7 +250,7 @@ pub(crate) async fn run(
         tables_progress.push(TableProgress::new(name, scaled, todo as u32));
     }
     let progress = Arc::new(Progress::new(tables_progress));
-    let queue: VecDeque<Job> = work
+    let jobs: Vec<Job> = work
         .todo
         .into_iter()
         .map(|(chunk, sinks)| Job {
@@ -262,42 +262,22 @@ pub(crate) async fn run(
             sinks,
         })
         .collect();
-    let chunks = queue.len();
-
-    let shared = Arc::new(Shared {
+    let chunks = jobs.len();
+    let engine = Engine {
         connector: connector.clone(),
         params: cx.params.clone(),
         retries,
         tables: cx.tables.to_vec(),
         sinks: setup.sinks,
-        queue: Mutex::new(queue),
-        progress: progress.clone(),
         position: Position {
             lsn: cx.lsn,
             ordinal: 0,
             sub: 0,
         },
-        transform: transform.take().map(Arc::new),
-    });
-    let reporter = tokio::spawn(progress::report(progress.clone(), setup.progress_interval));
-    let mut workers = JoinSet::new();
-    for reader in readers {
-        workers.spawn(worker(shared.clone(), reader));
-    }
-    let result = supervise(&mut workers, stop).await;
-    reporter.abort();
-    progress::clear_terminal_line();
-    // Hand the transform back (the workers, holding the other references, have ended).
-    let Shared {
-        sinks,
-        transform: t,
-        ..
-    } = Arc::into_inner(shared).ok_or_else(|| {
-        SourceError::fatal(format!(
-            "{connector}: a snapshot worker outlived the snapshot"
-        ))
-    })?;
-    *transform = t.and_then(Arc::into_inner);
+        progress_interval: setup.progress_interval,
+    };
+    let (result, sinks) =
+        chunks::copy(engine, readers, jobs, progress.clone(), transform, stop).await?;
     match result? {
         Outcome::Stopped => {
             tracing::info!(connector = %connector, rows = progress.total_rows(), "snapshot interrupted; the chunks loaded so far are kept and the next start resumes it");
@@ -323,241 +303,70 @@ pub(crate) async fn run(
     Ok(Outcome::Continue)
 }
 
-/// Waits for every worker, or for a stop request (then stops them).
-async fn supervise(
-    workers: &mut JoinSet<Result<(), SourceError>>,
+/// Copies `tables` again, each chunk from a fresh snapshot, into every sink (a table dropped
+/// and created again, with `on_table_recreate: resnapshot`): the caller emptied their sink
+/// tables, and the stream resumes from before the copy and replays every later change over
+/// it, so the copy's own moment does not matter. The chunks are marked loaded like the
+/// initial snapshot's; its state is otherwise left alone.
+pub(crate) async fn recopy(
+    cx: Context<'_>,
+    setup: &Setup,
+    tables: &[Arc<Table>],
     stop: &mut watch::Receiver<StopMode>,
-) -> Result<Outcome, SourceError> {
-    let outcome = loop {
-        tokio::select! {
-            done = workers.join_next() => match done {
-                None => break Ok(Outcome::Continue),
-                Some(Ok(Ok(()))) => {}
-                Some(Ok(Err(e))) => break Err(e),
-                Some(Err(join)) => break Err(SourceError::fatal(format!("a snapshot worker failed: {join}"))),
-            },
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow_and_update() != StopMode::Run {
-                    break Ok(Outcome::Stopped);
-                }
-            }
-        }
+) -> Result<u64, SourceError> {
+    let connector = &cx.opts.connector;
+    let retries = cx.opts.connect_retries;
+    let readers = futures_util::future::try_join_all(
+        (0..setup.parallelism.max(1)).map(|_| Reader::open(cx.params, retries, None)),
+    )
+    .await?;
+    let planner = readers[0].client();
+    let mut plan = Vec::new();
+    let mut progress = Vec::new();
+    for table in tables {
+        let column = plan::key_column(planner, table).await?;
+        let chunks = plan::plan_table(planner, table, &column, setup.chunk_rows).await?;
+        let estimate = plan::estimate_rows(planner, table).await?;
+        progress.push(TableProgress::new(
+            table.qualified_name(),
+            estimate,
+            chunks.len() as u32,
+        ));
+        plan.extend(chunks);
+    }
+    let all_sinks: Vec<usize> = (0..setup.sinks.len()).collect();
+    let jobs: Vec<Job> = plan
+        .into_iter()
+        .map(|chunk| Job {
+            table: tables
+                .iter()
+                .position(|t| t.qualified_name() == chunk.table)
+                .unwrap_or_default(),
+            chunk,
+            sinks: all_sinks.clone(),
+        })
+        .collect();
+    let progress = Arc::new(Progress::new(progress));
+    tracing::info!(connector = %connector, tables = ?tables.iter().map(|t| t.qualified_name()).collect::<Vec<_>>(), chunks = jobs.len(), "copying tables again from a new snapshot");
+    let engine = Engine {
+        connector: connector.clone(),
+        params: cx.params.clone(),
+        retries,
+        tables: tables.to_vec(),
+        sinks: setup.sinks.clone(),
+        position: Position {
+            lsn: cx.lsn,
+            ordinal: 0,
+            sub: 0,
+        },
+        progress_interval: setup.progress_interval,
     };
-    // Cancelled loads roll back: their connections close with the transaction open.
-    workers.abort_all();
-    while workers.join_next().await.is_some() {}
-    outcome
-}
-
-struct Job {
-    /// Index into the tables.
-    table: usize,
-    chunk: SnapshotChunk,
-    /// Sinks that need it.
-    sinks: Vec<usize>,
-}
-
-struct Shared {
-    connector: String,
-    params: ConnectParams,
-    retries: u32,
-    tables: Vec<Arc<Table>>,
-    sinks: Vec<Arc<dyn SinkConnector>>,
-    queue: Mutex<VecDeque<Job>>,
-    progress: Arc<Progress>,
-    position: Position,
-    transform: Option<Arc<RouteTransform>>,
-}
-
-impl Shared {
-    fn next_job(&self) -> Option<Job> {
-        self.queue
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .pop_front()
-    }
-}
-
-/// Copies chunks off the queue until it is empty: while one chunk is loaded into the sinks,
-/// the next is read, so the source and the sinks work at the same time (at most two chunks
-/// in memory per worker).
-async fn worker(shared: Arc<Shared>, mut reader: Reader) -> Result<(), SourceError> {
-    let mut read: Option<(Job, Prepared, u64)> = None;
-    loop {
-        let next = shared.next_job();
-        if next.is_none() && read.is_none() {
-            return Ok(());
-        }
-        let reading = async {
-            let Some(job) = next else { return Ok(None) };
-            shared.progress.chunk_started(job.table);
-            let table = &shared.tables[job.table];
-            // Rows every sink parses itself stay as the server printed them.
-            let as_text = shared.transform.is_none()
-                && job.sinks.iter().all(|&s| shared.sinks[s].takes_copy_text());
-            let read = read_chunk(&shared, &mut reader, table, &job.chunk, as_text).await?;
-            let (prepared, count) = match read {
-                Read::Text(text, count) => (Prepared::Text(text), count),
-                Read::Rows(rows) => {
-                    let count = rows.len() as u64;
-                    match &shared.transform {
-                        None => (Prepared::Rows(rows), count),
-                        Some(_) => {
-                            let changes = to_changes(&shared, table, rows, &job.chunk).await?;
-                            (Prepared::Changes(changes), count)
-                        }
-                    }
-                }
-            };
-            Ok::<_, SourceError>(Some((job, prepared, count)))
-        };
-        let loading = async {
-            let Some((job, prepared, count)) = read.take() else {
-                return Ok(());
-            };
-            for &sink in &job.sinks {
-                let table = &shared.tables[job.table];
-                let sink = &*shared.sinks[sink];
-                load(&shared, sink, &job.chunk, table, &prepared, count).await?;
-            }
-            tracing::debug!(chunk = %job.chunk, rows = count, "snapshot chunk loaded");
-            if shared.progress.chunk_done(job.table, count) {
-                let t = &shared.progress.tables[job.table];
-                tracing::info!(connector = %shared.connector, table = %t.name, rows = t.rows(), seconds = shared.progress.table_seconds(job.table), "table copied");
-            }
-            Ok::<_, SourceError>(())
-        };
-        let (next_read, ()) = tokio::try_join!(reading, loading)?;
-        read = next_read;
-    }
-}
-
-/// One chunk's rows; a lost connection is replaced by one with a snapshot of its own (what a
-/// resumed snapshot does, see the module docs) and the chunk read again.
-async fn read_chunk(
-    shared: &Shared,
-    reader: &mut Reader,
-    table: &Table,
-    chunk: &SnapshotChunk,
-    as_text: bool,
-) -> Result<Read, SourceError> {
-    let mut attempt = 0;
-    loop {
-        let read = if as_text {
-            reader
-                .copy_chunk_text(table, chunk)
-                .await
-                .map(|(text, rows)| Read::Text(text, rows))
-        } else {
-            reader.copy_chunk(table, chunk).await.map(Read::Rows)
-        };
-        match read {
-            Ok(read) => return Ok(read),
-            Err(e) if e.class == ErrorClass::Transient && attempt < MAX_ATTEMPTS => {
-                attempt += 1;
-                let delay = crate::lane::backoff_for(attempt);
-                tracing::warn!(connector = %shared.connector, chunk = %chunk, attempt, error = %e, "snapshot read failed; reconnecting with a new snapshot");
-                tokio::time::sleep(delay).await;
-                match Reader::open(&shared.params, shared.retries, None).await {
-                    Ok(fresh) => *reader = fresh,
-                    Err(e) if e.class == ErrorClass::Transient => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// A chunk as read.
-enum Read {
-    Rows(Vec<Vec<Value>>),
-    /// COPY text and its number of rows.
-    Text(Bytes, u64),
-}
-
-/// A chunk ready for the sinks.
-enum Prepared {
-    /// As read (no transform).
-    Rows(Vec<Vec<Value>>),
-    /// As the server printed it, for sinks that take COPY text.
-    Text(Bytes),
-    /// What the route's transform made of the rows.
-    Changes(Vec<Arc<Change>>),
-}
-
-/// Rows as insert changes through the route's transform.
-async fn to_changes(
-    shared: &Shared,
-    table: &Arc<Table>,
-    rows: Vec<Vec<Value>>,
-    chunk: &SnapshotChunk,
-) -> Result<Vec<Arc<Change>>, SourceError> {
-    let changes = rows.into_iter().map(|values| Change {
-        position: shared.position,
-        op: Op::Insert,
-        table: table.clone(),
-        key: table.key.iter().map(|&i| values[i].clone()).collect(),
-        old_key: None,
-        values,
-    });
-    let Some(transform) = &shared.transform else {
-        return Ok(changes.map(Arc::new).collect());
-    };
-    let mut out = Vec::new();
-    let mut rest = changes.peekable();
-    while rest.peek().is_some() {
-        let batch: Vec<Change> = rest.by_ref().take(transform.batch_size().max(1)).collect();
-        let transformed = transform
-            .transform(batch)
-            .await
-            .map_err(|e| SourceError::fatal(format!("{}: {e}", shared.connector)))?;
-        for (_, change) in transformed {
-            let whole = matches!(change.op, Op::Insert | Op::Update)
-                && !change.values.contains(&Value::Unchanged);
-            if !whole {
-                return Err(SourceError::fatal(format!(
-                    "{}: the transform made a {} of {} out of a snapshot row of {chunk}; the \
-                     snapshot writes whole rows only",
-                    shared.connector,
-                    change.op.as_str(),
-                    change.table.qualified_name()
-                )));
-            }
-            out.push(Arc::new(Change {
-                op: Op::Insert,
-                ..change
-            }));
-        }
-    }
-    Ok(out)
-}
-
-/// Loads a chunk into one sink, retrying transient failures with backoff.
-async fn load(
-    shared: &Shared,
-    sink: &dyn SinkConnector,
-    chunk: &SnapshotChunk,
-    table: &Arc<Table>,
-    prepared: &Prepared,
-    rows: u64,
-) -> Result<(), SourceError> {
-    let mut attempt = 0;
-    loop {
-        let result = match prepared {
-            Prepared::Rows(rows) => sink.snapshot_load_rows(chunk, table, rows).await,
-            Prepared::Text(text) => sink.snapshot_load_text(chunk, table, text, rows).await,
-            Prepared::Changes(changes) => sink.snapshot_load(chunk, changes).await,
-        };
-        match result {
-            Ok(()) => return Ok(()),
-            Err(e) if e.class == ErrorClass::Transient && attempt < MAX_ATTEMPTS => {
-                attempt += 1;
-                let delay = crate::lane::backoff_for(attempt);
-                tracing::warn!(connector = %shared.connector, sink = sink.name(), chunk = %chunk, attempt, delay_ms = delay.as_millis() as u64, error = %e.message, "loading a snapshot chunk failed; retrying");
-                tokio::time::sleep(delay).await;
-            }
-            Err(e) => return Err(sink_err(e)),
-        }
+    let (result, _) =
+        chunks::copy(engine, readers, jobs, progress.clone(), &mut None, stop).await?;
+    match result? {
+        Outcome::Continue => Ok(progress.total_rows()),
+        Outcome::Stopped => Err(SourceError::fatal(format!(
+            "{connector}: stopped while copying tables again; the next start copies them again"
+        ))),
     }
 }

@@ -238,6 +238,17 @@ impl Source for SqlServerSource {
         Box::pin(async { Ok(()) })
     }
 
+    fn recopy<'a>(
+        &'a mut self,
+        _: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<crate::checkpoint::TableRecord>, SourceError>> {
+        let message = format!(
+            "{}: copying single tables again is not supported for source/sqlserver",
+            self.opts.connector
+        );
+        Box::pin(async move { Err(SourceError::fatal(message)) })
+    }
+
     fn prepare(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {
         // Nothing to create upstream: CDC is enabled by the DBA, and the position is kept
         // by the sinks.

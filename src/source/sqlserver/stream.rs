@@ -170,6 +170,7 @@ async fn durable_frontier(
                             opts.connector,
                             sink.connector.name()
                         ),
+                        kind: crate::source::SourceErrorKind::Other,
                     });
                 }
             }

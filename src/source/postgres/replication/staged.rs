@@ -25,10 +25,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use super::{
-    Flow, ReplicationStream, SourceError, State, StopMode, drain_acks, maybe_report,
-    periodic_report, send_change,
-};
+use super::dispatch::send_change;
+use super::feedback::{drain_acks, maybe_report, periodic_report};
+use super::{Flow, ReplicationStream, SourceError, State, StopMode};
 use crate::change::{Change, Lsn};
 use crate::transform::TransformError;
 

@@ -1,0 +1,46 @@
+//! The progress line every `progress_interval`: throughput, what was applied and received,
+//! lag, the slot's retained WAL, the confirmed position, retries and rows set aside.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::change::Lsn;
+use crate::lane::LaneStats;
+use crate::source::SourceStats;
+
+pub(super) async fn report_progress(
+    every: Duration,
+    source: Arc<SourceStats>,
+    lanes: Vec<Arc<LaneStats>>,
+) {
+    let mut last_applied = 0u64;
+    let mut last = Instant::now();
+    let mut ticker = tokio::time::interval(every);
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        let applied: u64 = lanes
+            .iter()
+            .map(|l| l.applied.load(Ordering::Relaxed))
+            .sum();
+        let retries: u64 = lanes
+            .iter()
+            .map(|l| l.retries.load(Ordering::Relaxed))
+            .sum();
+        let secs = last.elapsed().as_secs_f64().max(1e-3);
+        let rate = (applied - last_applied) as f64 / secs;
+        tracing::info!(
+            changes_per_sec = rate.round() as u64,
+            applied,
+            received = source.received.load(Ordering::Relaxed),
+            lag_ms = source.lag_micros.load(Ordering::Relaxed) / 1000,
+            slot_retained_bytes = source.retained_bytes.load(Ordering::Relaxed),
+            confirmed = %Lsn::from(source.confirmed.load(Ordering::Relaxed)),
+            retries,
+            "progress"
+        );
+        last_applied = applied;
+        last = Instant::now();
+    }
+}

@@ -1,0 +1,211 @@
+//! The runtime's side of the table records (`crate::checkpoint::tables`): reading them from
+//! the sinks at start, writing the shapes the source reports durable, and what a table change
+//! the source stopped at leads to: the statement to run for a column type change (in each
+//! sink's own SQL), the choices for a table dropped and created again, or, with
+//! `on_table_recreate: resnapshot`, copying that table again.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::{PipelineError, wiring};
+use crate::change::Lsn;
+use crate::checkpoint::TableRecord;
+use crate::checkpoint::tables::merge;
+use crate::config;
+use crate::error::ErrorClass;
+use crate::sink::SinkConnector;
+use crate::source::{Source, SourceError, SourceErrorKind, TableChange};
+
+fn sink_error(sink: &Arc<dyn SinkConnector>) -> impl Fn(crate::sink::SinkError) -> PipelineError {
+    let connector = sink.name().to_owned();
+    move |error| PipelineError::Sink {
+        connector: connector.clone(),
+        error,
+    }
+}
+
+/// The records of every sink, merged (see [`merge`]).
+pub(super) async fn known(
+    sinks: &[Arc<dyn SinkConnector>],
+) -> Result<Vec<TableRecord>, PipelineError> {
+    let mut per_sink = Vec::with_capacity(sinks.len());
+    for sink in sinks {
+        per_sink.push(sink.table_records().await.map_err(sink_error(sink))?);
+    }
+    Ok(merge(per_sink))
+}
+
+/// Writes each record the source sends into every sink, in order, until the source drops its
+/// sender. A record that cannot be written is logged: it is written again when the source
+/// reports the shape again (the next start compares with the older record, which at worst
+/// stops at a change it need not have stopped at).
+pub(super) fn recorder(
+    sinks: Vec<Arc<dyn SinkConnector>>,
+) -> (mpsc::UnboundedSender<TableRecord>, JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<TableRecord>();
+    let task = tokio::spawn(async move {
+        while let Some(record) = rx.recv().await {
+            write(&sinks, &record).await;
+        }
+    });
+    (tx, task)
+}
+
+async fn write(sinks: &[Arc<dyn SinkConnector>], record: &TableRecord) {
+    for sink in sinks {
+        let mut attempt = 0;
+        loop {
+            match sink.record_table(record).await {
+                Ok(()) => break,
+                Err(e) if e.class == ErrorClass::Transient && attempt < 5 => {
+                    attempt += 1;
+                    tokio::time::sleep(crate::lane::backoff_for(attempt)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(sink = sink.name(), table = %record.name(), error = %e, "could not record the table's shape");
+                    break;
+                }
+            }
+        }
+    }
+    tracing::debug!(table = %record.name(), relation = record.relation, since = %record.since, "recorded the table's shape");
+}
+
+/// What the run loop does after the source stopped at a table change.
+pub(super) enum Next {
+    /// Stop with this error.
+    Stop(PipelineError),
+    /// Copy `table` again, then run again.
+    Recopy { table: String, at: Lsn },
+}
+
+/// Turns a source error that is a table change into what comes next; other errors pass.
+pub(super) async fn on_source_error(
+    pipeline: &config::Pipeline,
+    route: &config::Route,
+    file: &str,
+    sinks: &[Arc<dyn SinkConnector>],
+    error: SourceError,
+) -> Next {
+    let connector = route.from.clone();
+    let stop = |error| {
+        Next::Stop(PipelineError::Source {
+            connector: connector.clone(),
+            error,
+        })
+    };
+    match error.kind.clone() {
+        SourceErrorKind::Other => stop(error),
+        SourceErrorKind::TypeChanged { record, column } => {
+            // The operator alters the sink column next; the next start goes on from here.
+            write(sinks, &record).await;
+            let mut hints = Vec::new();
+            if route.transform.is_some() {
+                hints.push(format!(
+                    "the route's transform decides the sink tables: alter the column that \
+                     holds {}.{column} there",
+                    record.name()
+                ));
+            } else {
+                for sink in sinks {
+                    if let Some(sql) = sink.alter_column_sql(&record.table, &column).await {
+                        hints.push(format!("in sink {}: {sql}", sink.name()));
+                    }
+                }
+            }
+            let message = format!(
+                "{}. Alter the sink column to the new type, then start Zipline again: it \
+                 resumes right at the change. {}",
+                error.message,
+                hints.join("; ")
+            );
+            stop(SourceError { message, ..error })
+        }
+        SourceErrorKind::TableChanged { table, change, at } => {
+            let resnapshot = matches!(
+                pipeline.connector(&route.from).map(|c| &c.kind),
+                Some(config::ConnectorKind::PostgresSource(pg))
+                    if pg.on_table_recreate == config::OnTableRecreate::Resnapshot
+            );
+            if resnapshot && route.transform.is_none() {
+                tracing::warn!(source = %route.from, table = %table, ?change, "copying the table again (on_table_recreate: resnapshot)");
+                return Next::Recopy { table, at };
+            }
+            let choices = if route.transform.is_some() && resnapshot {
+                "on_table_recreate: resnapshot cannot empty its sink tables, which the route's \
+                 transform decides: empty them yourself, then run `zipline pipeline apply -f \
+                 FILE --resnapshot`"
+                    .replace("FILE", file)
+            } else {
+                let copy = match change {
+                    TableChange::Recreated { .. } => "To copy it again",
+                    TableChange::Unpublished => {
+                        "If it should still be replicated, add it back \
+                                                 to the publication; to copy it again"
+                    }
+                };
+                format!(
+                    "{copy} (its sink table is emptied first) and follow it, set \
+                     `on_table_recreate: resnapshot` on source {}. To stop replicating it, \
+                     take it out of the publication (or `tables:`) and run `zipline pipeline \
+                     apply -f {file} --forget-table {table}` once (its sink table is left as \
+                     it is)",
+                    route.from
+                )
+            };
+            let message = format!("{}. {choices}", error.message);
+            stop(SourceError { message, ..error })
+        }
+    }
+}
+
+/// Copies `table` again (see the module docs): a source of its own (its preflight sees the
+/// table as it is now; preparing it adds the table back to a publication Zipline manages),
+/// the table's sink tables emptied, the copy, then its record, so the next run follows it.
+pub(super) async fn recopy(
+    pipeline: &config::Pipeline,
+    route: &config::Route,
+    sinks: &[Arc<dyn SinkConnector>],
+    table: &str,
+    at: Lsn,
+) -> Result<(), PipelineError> {
+    let source_err = |error| PipelineError::Source {
+        connector: route.from.clone(),
+        error,
+    };
+    let mut source: Box<dyn Source> =
+        wiring::preflight_source(pipeline, &route.from, sinks).await?;
+    source.prepare().await.map_err(source_err)?;
+    let Some(shape) = source
+        .tables()
+        .iter()
+        .find(|t| t.qualified_name() == table)
+        .cloned()
+    else {
+        return Err(source_err(SourceError::fatal(format!(
+            "cannot copy table {table} again: it is not in the source's publication any more; \
+             add it back (or list it in `tables:`), or stop replicating it with \
+             `--forget-table {table}`"
+        ))));
+    };
+    for sink in sinks {
+        sink.snapshot_clear(std::slice::from_ref(&shape))
+            .await
+            .map_err(sink_error(sink))?;
+    }
+    let records = source
+        .recopy(&[table.to_owned()])
+        .await
+        .map_err(source_err)?;
+    for mut record in records {
+        record.since = at;
+        write(sinks, &record).await;
+    }
+    tracing::info!(
+        table,
+        "table copied again; following it from where it changed"
+    );
+    Ok(())
+}
