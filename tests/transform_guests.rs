@@ -12,7 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use zipline::change::{Change, Column, Lsn, Op, Position, Table, Value};
+use zipline::change::{
+    Change, Column, DATE_MAX, DATE_MIN, Lsn, Op, Position, TIMESTAMP_END, TIMESTAMP_MIN, Table,
+    Value,
+};
 use zipline::config::{OnError, TransformLimits, TransformSpec};
 use zipline::transform::{Module, TransformError, Transformer};
 
@@ -203,11 +206,11 @@ fn init_errors_and_bad_modules_are_named() {
     for (name, want) in [
         (
             "wrong-world",
-            "does not implement the world zipline:transform/transform of zipline:transform@0.2.0",
+            "does not implement the world zipline:transform/transform of zipline:transform@0.3.0",
         ),
         (
             "missing-transform",
-            "does not implement the world zipline:transform/transform of zipline:transform@0.2.0",
+            "does not implement the world zipline:transform/transform of zipline:transform@0.3.0",
         ),
         (
             "imports-unknown",
@@ -216,7 +219,12 @@ fn init_errors_and_bad_modules_are_named() {
         (
             "old-contract",
             "was built for zipline:transform@0.1.0, but this Zipline implements \
-             zipline:transform@0.2.0: rebuild it against wit/transform.wit",
+             zipline:transform@0.3.0: rebuild it against wit/transform.wit",
+        ),
+        (
+            "contract-0.2",
+            "was built for zipline:transform@0.2.0, but this Zipline implements \
+             zipline:transform@0.3.0: rebuild it against wit/transform.wit",
         ),
     ] {
         let e = Module::load(&guest(name), name).unwrap_err();
@@ -437,6 +445,9 @@ fn every_type_and_op() -> Vec<Change> {
             col("at", 1083, false),
             col("local", 1114, false),
             col("utc", 1184, false),
+            col("day_inf", 1082, false),
+            col("local_inf", 1114, false),
+            col("utc_inf", 1184, false),
             col("doc", 3802, false),
             col("span", 3904, false),
             col("gone", 25, false),
@@ -444,7 +455,8 @@ fn every_type_and_op() -> Vec<Change> {
         ],
     ));
     let tag = [0xfe, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0xff];
-    let row = |id: i64, big: Value| {
+    // `hi`: PostgreSQL's last date and timestamp and `infinity`; else its first and `-infinity`.
+    let row = |id: i64, big: Value, hi: bool| {
         vec![
             Value::Int8(id),
             Value::Uuid(tag),
@@ -456,10 +468,13 @@ fn every_type_and_op() -> Vec<Change> {
             Value::Numeric("-12345678901234567890.000001".into()),
             Value::Text("héllo, wörld".into()),
             Value::Bytes(vec![0, 0xff, 0x80, 1]),
-            Value::Date(-719_162),
+            Value::Date(if hi { DATE_MAX } else { DATE_MIN }),
             Value::Time(86_399_999_999),
-            Value::Timestamp(i64::MIN + 1),
-            Value::TimestampTz(i64::MAX),
+            Value::Timestamp(if hi { TIMESTAMP_END - 1 } else { TIMESTAMP_MIN }),
+            Value::TimestampTz(if hi { TIMESTAMP_END - 1 } else { TIMESTAMP_MIN }),
+            Value::Date(if hi { i32::MAX } else { i32::MIN }),
+            Value::Timestamp(if hi { i64::MAX } else { i64::MIN }),
+            Value::TimestampTz(if hi { i64::MAX } else { i64::MIN }),
             Value::Json(r#"{"a":[1,2]}"#.into()),
             Value::Other {
                 type_oid: 3904,
@@ -485,14 +500,14 @@ fn every_type_and_op() -> Vec<Change> {
             Op::Insert,
             key(i64::MAX),
             None,
-            row(i64::MAX, Value::Text(String::new())),
+            row(i64::MAX, Value::Text(String::new()), true),
         ),
         change(
             2,
             Op::Update,
             key(2),
             Some(key(i64::MAX)),
-            row(2, Value::Unchanged),
+            row(2, Value::Unchanged, false),
         ),
         change(3, Op::Delete, key(2), None, Vec::new()),
         change(4, Op::Truncate, Vec::new(), None, Vec::new()),
