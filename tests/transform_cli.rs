@@ -112,6 +112,11 @@ fn validate_names_the_module_and_what_is_wrong() {
              it against wit/transform.wit",
         ),
         (
+            "      module: rust-mask.wasm\n      limits: { output: 8GiB }\n",
+            "orders.yaml:17: routes[0].transform.limits.output: must be at most 4GiB, found \
+             8589934592 bytes",
+        ),
+        (
             "      module: rust-mask.wasm\n      config: { colour: red }\n",
             "orders.yaml:17: routes[0].transform.config: rust-mask.wasm: init refused the config: unknown \
              config key `colour`; expected columns, column, drop",

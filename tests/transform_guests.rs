@@ -370,6 +370,84 @@ fn refusals_and_invalid_outputs_apply_the_policy() {
     }
 }
 
+/// `limits.output` counts every byte copied out of the guest, referenced by a change or not,
+/// and refuses an oversized output from its lengths, before copying it.
+#[test]
+fn unreferenced_output_over_the_limit_is_refused_with_zipline_s_message() {
+    for (config, found) in [
+        // 2 MiB of data no value points at.
+        (&[("data", "2097152")][..], "2097152 data bytes"),
+        // 100,000 values (24 bytes each in the guest) no change points at.
+        (&[("values", "100000")][..], "100004 values"),
+    ] {
+        let mut config = config.to_vec();
+        config.push(("mode", "unreferenced"));
+        let (spec, _d) = make_spec("hostile", &config, OnError::Halt);
+        let mut t = Transformer::new("r", &spec).unwrap();
+        let e = t.transform(batch(1)).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "invalid output: output exceeds the limit of 1048576 bytes (limits.output): \
+                 the guest returned at least "
+            ) && e.contains(found)
+                && e.ends_with("nothing was copied; halting (on_error: halt)"),
+            "{config:?}: {e}"
+        );
+        assert_eq!(t.stats().restarts.load(Ordering::Relaxed), 0, "{e}");
+    }
+
+    // An `err` message counts too.
+    let (spec, _d) = make_spec(
+        "hostile",
+        &[("mode", "err"), ("data", "2000000")],
+        OnError::Halt,
+    );
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let e = t.transform(batch(1)).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "invalid output: the transform returned an error message of 2000000 bytes, over \
+             the limit of 1048576 bytes (limits.output)"
+        ),
+        "{e}"
+    );
+
+    // Under the limit the same guest passes its changes through.
+    let (spec, _d) = make_spec(
+        "hostile",
+        &[
+            ("mode", "unreferenced"),
+            ("data", "100000"),
+            ("values", "1000"),
+        ],
+        OnError::Halt,
+    );
+    let mut t = Transformer::new("r", &spec).unwrap();
+    assert_eq!(ids(&t.transform(batch(3)).unwrap()), [1, 2, 3]);
+}
+
+/// A limit above wasmtime's default hostcall fuel (128 MiB) works: the host sizes the fuel
+/// from the limit.
+#[test]
+fn an_output_of_150_mib_passes_a_256_mib_limit() {
+    let (mut spec, _d) = make_spec(
+        "hostile",
+        &[("mode", "unreferenced"), ("data", "157286400")],
+        OnError::Halt,
+    );
+    spec.limits = TransformLimits {
+        memory: 512 << 20,
+        timeout: Duration::from_secs(30),
+        output: 256 << 20,
+    };
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let out = t
+        .transform(batch(2))
+        .unwrap_or_else(|e| panic!("150 MiB under a 256 MiB limit: {e}"));
+    assert_eq!(ids(&out), [1, 2]);
+    assert_eq!(out[0].1.values[1], Value::Text("user1@example.com".into()));
+}
+
 #[test]
 fn fan_out_gets_sub_positions_and_rekeying_changes_keys() {
     let (spec, _d) = make_spec("hostile", &[("mode", "fanout")], OnError::Halt);
