@@ -119,8 +119,10 @@ impl Op {
 
 /// A typed column value.
 ///
-/// Temporal values are kept as integers so sinks and transforms need no date library:
-/// days and microseconds count from the Unix epoch (1970-01-01, UTC for `TimestampTz`).
+/// Temporal values are kept as integers so sinks and transforms need no date library, and
+/// cover PostgreSQL's whole range: dates count days from 1970-01-01, timestamps count
+/// microseconds from PostgreSQL's epoch, 2000-01-01 (see [`PG_EPOCH_MICROS`] for why, and
+/// [`timestamp_to_unix_micros`] to convert).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     /// SQL NULL.
@@ -143,15 +145,19 @@ pub enum Value {
     Text(String),
     /// `bytea`.
     Bytes(Vec<u8>),
-    /// `date`: days since 1970-01-01 (`i32::MIN`/`i32::MAX` for `-infinity`/`infinity`).
+    /// `date`: days since 1970-01-01, from [`DATE_MIN`] to [`DATE_MAX`] (PostgreSQL's whole
+    /// range, 4714-11-24 BC to 5874897-12-31), `i32::MIN`/`i32::MAX` for
+    /// `-infinity`/`infinity`.
     Date(i32),
     /// `time`: microseconds since midnight.
     Time(i64),
-    /// `timestamp` (no time zone): microseconds since 1970-01-01 00:00:00
-    /// (`i64::MIN`/`i64::MAX` for `-infinity`/`infinity`).
+    /// `timestamp` (no time zone): microseconds since 2000-01-01 00:00:00, PostgreSQL's own
+    /// representation: from [`TIMESTAMP_MIN`] (4714-11-24 00:00:00 BC) up to
+    /// [`TIMESTAMP_END`] (294277-01-01, excluded), `i64::MIN`/`i64::MAX` for
+    /// `-infinity`/`infinity` (PostgreSQL's own sentinels).
     Timestamp(i64),
-    /// `timestamptz`: microseconds since 1970-01-01 00:00:00 UTC
-    /// (`i64::MIN`/`i64::MAX` for `-infinity`/`infinity`).
+    /// `timestamptz`: microseconds since 2000-01-01 00:00:00 UTC, with the range and
+    /// sentinels of [`Value::Timestamp`].
     TimestampTz(i64),
     /// `uuid`.
     Uuid([u8; 16]),
@@ -166,6 +172,49 @@ pub enum Value {
     },
     /// A TOASTed value the update did not touch: the sink must keep its current value.
     Unchanged,
+}
+
+/// Days from the Unix epoch (1970-01-01) to PostgreSQL's (2000-01-01).
+pub const PG_EPOCH_DAYS: i32 = 10_957;
+/// Microseconds from the Unix epoch (1970-01-01 00:00:00 UTC) to PostgreSQL's (2000-01-01),
+/// which [`Value::Timestamp`] and [`Value::TimestampTz`] count from: PostgreSQL's timestamps
+/// run to 294276 AD, and microseconds since 1970 overflow 64 bits in its last thirty years,
+/// while its own count from 2000 fits, with its `infinity` sentinels, and is what its binary
+/// format sends.
+pub const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
+
+/// PostgreSQL's first date, 4714-11-24 BC, as a [`Value::Date`].
+pub const DATE_MIN: i32 = -2_440_588;
+/// PostgreSQL's last date, 5874897-12-31, as a [`Value::Date`].
+pub const DATE_MAX: i32 = 2_145_042_905;
+/// PostgreSQL's first timestamp, 4714-11-24 00:00:00 BC, as a [`Value::Timestamp`].
+pub const TIMESTAMP_MIN: i64 = -211_813_488_000_000_000;
+/// The first instant after PostgreSQL's last timestamp (294277-01-01 00:00:00), as a
+/// [`Value::Timestamp`]: the last one is `TIMESTAMP_END - 1`, 294276-12-31 23:59:59.999999.
+pub const TIMESTAMP_END: i64 = 9_223_371_331_200_000_000;
+
+/// Microseconds since 1970-01-01 of a [`Value::Timestamp`] or [`Value::TimestampTz`], `None`
+/// for `-infinity` and `infinity`. 128 bits: the latest timestamps do not fit 64 counted
+/// from 1970.
+pub fn timestamp_to_unix_micros(t: i64) -> Option<i128> {
+    match t {
+        i64::MIN | i64::MAX => None,
+        _ => Some(i128::from(t) + i128::from(PG_EPOCH_MICROS)),
+    }
+}
+
+/// The [`Value::Timestamp`] of `unix` microseconds since 1970-01-01; `None` when that is no
+/// finite 64-bit count from 2000 (including the two counts taken by the infinities).
+pub fn timestamp_from_unix_micros(unix: i128) -> Option<i64> {
+    i64::try_from(unix - i128::from(PG_EPOCH_MICROS))
+        .ok()
+        .filter(|t| *t != i64::MIN && *t != i64::MAX)
+}
+
+/// Whether PostgreSQL can hold `t` (a [`Value::Timestamp`] or [`Value::TimestampTz`]):
+/// one of the infinities, or between [`TIMESTAMP_MIN`] and [`TIMESTAMP_END`].
+pub fn timestamp_in_pg_range(t: i64) -> bool {
+    matches!(t, i64::MIN | i64::MAX) || (TIMESTAMP_MIN..TIMESTAMP_END).contains(&t)
 }
 
 impl Value {
@@ -262,6 +311,29 @@ mod tests {
         );
         assert_eq!(Lsn::from(u64::MAX).as_pg(), u64::MAX);
         assert_eq!(Lsn(u128::MAX).as_pg(), u64::MAX);
+    }
+
+    #[test]
+    fn timestamps_convert_to_and_from_unix_microseconds_over_the_whole_range() {
+        assert_eq!(timestamp_to_unix_micros(0), Some(946_684_800_000_000));
+        assert_eq!(timestamp_from_unix_micros(0), Some(-PG_EPOCH_MICROS));
+        // 294276-12-31 23:59:59.999999 is past i64 counted from 1970, not from 2000.
+        let last = timestamp_to_unix_micros(TIMESTAMP_END - 1).unwrap();
+        assert_eq!(last, 9_224_318_015_999_999_999);
+        assert!(i64::try_from(last).is_err());
+        assert_eq!(timestamp_from_unix_micros(last), Some(TIMESTAMP_END - 1));
+        let first = timestamp_to_unix_micros(TIMESTAMP_MIN).unwrap();
+        assert_eq!(timestamp_from_unix_micros(first), Some(TIMESTAMP_MIN));
+        assert_eq!(timestamp_to_unix_micros(i64::MAX), None);
+        assert_eq!(timestamp_to_unix_micros(i64::MIN), None);
+        // The counts of the infinities, and beyond 64 bits, are no finite timestamp.
+        let max = i128::from(i64::MAX) + i128::from(PG_EPOCH_MICROS);
+        assert_eq!(timestamp_from_unix_micros(max), None);
+        assert_eq!(timestamp_from_unix_micros(max - 1), Some(i64::MAX - 1));
+        assert_eq!(timestamp_from_unix_micros(i128::MAX), None);
+        assert!(timestamp_in_pg_range(i64::MIN) && timestamp_in_pg_range(TIMESTAMP_MIN));
+        assert!(timestamp_in_pg_range(TIMESTAMP_END - 1) && !timestamp_in_pg_range(TIMESTAMP_END));
+        assert!(!timestamp_in_pg_range(TIMESTAMP_MIN - 1));
     }
 
     #[test]

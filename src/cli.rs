@@ -86,8 +86,8 @@ struct TransformTestArgs {
     /// Time limit per call, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     timeout_ms: u64,
-    /// Output limit per call, in MiB.
-    #[arg(long, default_value_t = 16)]
+    /// Output limit per call, in MiB (at most 4096, as `limits.output`).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
     output_mib: u64,
     /// Changes per call.
     #[arg(long, default_value_t = 1000)]

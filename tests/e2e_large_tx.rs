@@ -90,7 +90,10 @@ async fn streamed_transactions_commit_abort_and_savepoints() {
         "spill files left behind: {leftovers:?}"
     );
     z.terminate_cleanly(Duration::from_secs(15));
-    assert!(runs(&spill).is_empty(), "a clean stop removes its run directory");
+    assert!(
+        runs(&spill).is_empty(),
+        "a clean stop removes its run directory"
+    );
 }
 
 fn entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

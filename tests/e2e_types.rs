@@ -1,6 +1,7 @@
 //! Type fidelity: a table with a column of every common PostgreSQL type (`tests/e2e/zoo.rs`),
 //! rows of edge values (extreme numbers, NaN, infinities, year 1, BC dates, infinite
-//! timestamps, several time zones, unicode, empty and nested arrays, NULL everywhere), through
+//! timestamps, the first and last dates and timestamps PostgreSQL holds, several time zones,
+//! unicode, empty and nested arrays, NULL everywhere), through
 //! a pipeline with `create_tables: true`:
 //!
 //! - `mysql_sink_round_trips_the_type_zoo`: the initial snapshot (LOAD DATA) and then streamed
@@ -71,10 +72,13 @@ async fn simple_rows(pg: &tokio_postgres::Client, sql: &str) -> Rows {
 
 /// What the MySQL sink should hold for PostgreSQL text `v` of column `c`, canonically.
 fn pg_canonical(c: &str, v: &str) -> Option<String> {
+    // MySQL's dates end at 9999: PostgreSQL prints later years with more digits.
+    let beyond_9999 = v.split_once('-').is_some_and(|(year, _)| year.len() > 4);
     let non_finite = matches!(
         v,
         "NaN" | "Infinity" | "-Infinity" | "infinity" | "-infinity"
-    ) || v.ends_with(" BC");
+    ) || v.ends_with(" BC")
+        || (zoo::expect(c) == Expect::Temporal && beyond_9999);
     Some(match zoo::expect(c) {
         Expect::Same => v.to_owned(),
         Expect::Number | Expect::Temporal if non_finite => return None,
@@ -244,7 +248,7 @@ async fn mysql_sink_round_trips_the_type_zoo() {
         );
     }
 
-    wait_my_zoo(&pg, &mut my, &mut z, 7).await;
+    wait_my_zoo(&pg, &mut my, &mut z, 10).await;
     let out = z.output();
     assert!(
         out.contains("wrote NULL instead") && out.contains("zoo.n124"),
@@ -252,7 +256,7 @@ async fn mysql_sink_round_trips_the_type_zoo() {
     );
 
     fx.pg.psql(PG_DB, zoo::CHANGES);
-    wait_my_zoo(&pg, &mut my, &mut z, 14).await;
+    wait_my_zoo(&pg, &mut my, &mut z, 20).await;
     z.terminate_cleanly(Duration::from_secs(30));
 }
 
@@ -272,7 +276,7 @@ async fn postgres_sink_round_trips_the_type_zoo() {
     let sink = fx.sink_client().await;
     let mut z = fx.apply();
     wait_streaming(&src, &mut z, Duration::from_secs(60)).await;
-    for (table, rows) in [("zoo", 7), ("zoo_enum", 3)] {
+    for (table, rows) in [("zoo", 10), ("zoo_enum", 3)] {
         let n = pg_wait_converged(&src, &sink, table, Some(&mut z), CONVERGE_TIMEOUT).await;
         assert_eq!(n, rows, "{table} after the snapshot");
     }
@@ -287,7 +291,7 @@ async fn postgres_sink_round_trips_the_type_zoo() {
     );
 
     fx.src.psql(PG_DB, zoo::CHANGES);
-    for (table, rows) in [("zoo", 14), ("zoo_enum", 6)] {
+    for (table, rows) in [("zoo", 20), ("zoo_enum", 6)] {
         let deadline = Instant::now() + CONVERGE_TIMEOUT;
         loop {
             let n = pg_wait_converged(&src, &sink, table, Some(&mut z), CONVERGE_TIMEOUT).await;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::MariaDb;
 use common::changes::{change, claimed, delete, open, pos, upsert};
 use mysql_async::prelude::Queryable;
-use zipline::change::{Column, Op, Table, Value};
+use zipline::change::{Column, Op, PG_EPOCH_MICROS, Table, Value};
 use zipline::error::ErrorClass;
 use zipline::sink::mysql::{MysqlConnector, MysqlSinkOptions};
 use zipline::sink::{Batch, SinkConnector};
@@ -77,8 +77,9 @@ fn order_row(id: i32, note: &str, qty: i64) -> Vec<Value> {
         Value::Int8(qty),
         Value::Float8(0.1),
         Value::Float4(f32::MAX),
-        Value::Timestamp(1_706_704_496_123_456),
-        Value::TimestampTz(1_000_001),
+        // 2024-01-31 12:34:56.123456 and 1970-01-01 00:00:01.000001 UTC.
+        Value::Timestamp(1_706_704_496_123_456 - PG_EPOCH_MICROS),
+        Value::TimestampTz(1_000_001 - PG_EPOCH_MICROS),
         Value::Date(19_753),
         Value::Uuid([0xab; 16]),
         Value::Bytes(vec![0, 0xff, b'\'']),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use common::Postgres;
 use common::changes::{change, claimed, open, pos};
 use e2e::pg::fixtures::{DB, apply, col, options, server, table};
-use zipline::change::{Change, Op, Position, Table, Value};
+use zipline::change::{Change, Op, PG_EPOCH_MICROS, Position, Table, Value};
 use zipline::error::ErrorClass;
 use zipline::sink::postgres::PostgresConnector;
 use zipline::sink::{Batch, SinkConnector};
@@ -77,8 +77,12 @@ fn row(id: i64) -> (Vec<Value>, String) {
             -719_528 - 400
         }),
         Value::Time(86_399_999_999),
-        Value::Timestamp(1_706_704_496_123_456),
-        Value::TimestampTz(if id % 3 == 0 { i64::MIN } else { -1 }),
+        Value::Timestamp(1_706_704_496_123_456 - PG_EPOCH_MICROS),
+        Value::TimestampTz(if id % 3 == 0 {
+            i64::MIN
+        } else {
+            -1 - PG_EPOCH_MICROS
+        }),
         Value::Uuid(*b"0123456789abcdef"),
         Value::Numeric("1234.565".into()),
         Value::Numeric(numeric.into()),

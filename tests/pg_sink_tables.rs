@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::changes::{claimed, open, pos, upsert};
 use e2e::pg::fixtures::{DB, SOURCE_MOOD_OID, apply, col, options, server, table};
 use e2e::pg::scram_role;
-use zipline::change::{Table, Value};
+use zipline::change::{PG_EPOCH_MICROS, Table, Value};
 use zipline::error::ErrorClass;
 use zipline::sink::postgres::PostgresConnector;
 use zipline::sink::{Batch, SinkConnector};
@@ -205,7 +205,7 @@ async fn create_tables_uses_the_source_types_exactly() {
         Value::Text("eu".into()),
         Value::Numeric("12.35".into()),
         Value::Text("ab ".into()),
-        Value::TimestampTz(1_000),
+        Value::TimestampTz(1_000 - PG_EPOCH_MICROS),
         Value::Other {
             type_oid: 1560,
             text: "10101".into(),

@@ -69,6 +69,7 @@ fn validate_names_the_module_and_what_is_wrong() {
         "wrong-world",
         "missing-transform",
         "imports-unknown",
+        "contract-0.2",
     ] {
         std::fs::copy(guest(name), d.join(format!("{name}.wasm"))).unwrap();
     }
@@ -93,7 +94,7 @@ fn validate_names_the_module_and_what_is_wrong() {
         (
             "      module: wrong-world.wasm\n",
             "orders.yaml:16: routes[0].transform.module: wrong-world.wasm: does not implement the world \
-             zipline:transform/transform of zipline:transform@0.2.0 (exports `init` and `transform`, see wit/transform.wit): ",
+             zipline:transform/transform of zipline:transform@0.3.0 (exports `init` and `transform`, see wit/transform.wit): ",
         ),
         (
             "      module: missing-transform.wasm\n",
@@ -103,6 +104,17 @@ fn validate_names_the_module_and_what_is_wrong() {
             "      module: imports-unknown.wasm\n",
             "orders.yaml:16: routes[0].transform.module: imports-unknown.wasm: imports something Zipline \
              does not provide",
+        ),
+        (
+            "      module: contract-0.2.wasm\n",
+            "orders.yaml:16: routes[0].transform.module: contract-0.2.wasm: was built for \
+             zipline:transform@0.2.0, but this Zipline implements zipline:transform@0.3.0: rebuild \
+             it against wit/transform.wit",
+        ),
+        (
+            "      module: rust-mask.wasm\n      limits: { output: 8GiB }\n",
+            "orders.yaml:17: routes[0].transform.limits.output: must be at most 4GiB, found \
+             8589934592 bytes",
         ),
         (
             "      module: rust-mask.wasm\n      config: { colour: red }\n",

@@ -12,7 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use zipline::change::{Change, Column, Lsn, Op, Position, Table, Value};
+use zipline::change::{
+    Change, Column, DATE_MAX, DATE_MIN, Lsn, Op, Position, TIMESTAMP_END, TIMESTAMP_MIN, Table,
+    Value,
+};
 use zipline::config::{OnError, TransformLimits, TransformSpec};
 use zipline::transform::{Module, TransformError, Transformer};
 
@@ -203,11 +206,11 @@ fn init_errors_and_bad_modules_are_named() {
     for (name, want) in [
         (
             "wrong-world",
-            "does not implement the world zipline:transform/transform of zipline:transform@0.2.0",
+            "does not implement the world zipline:transform/transform of zipline:transform@0.3.0",
         ),
         (
             "missing-transform",
-            "does not implement the world zipline:transform/transform of zipline:transform@0.2.0",
+            "does not implement the world zipline:transform/transform of zipline:transform@0.3.0",
         ),
         (
             "imports-unknown",
@@ -216,7 +219,12 @@ fn init_errors_and_bad_modules_are_named() {
         (
             "old-contract",
             "was built for zipline:transform@0.1.0, but this Zipline implements \
-             zipline:transform@0.2.0: rebuild it against wit/transform.wit",
+             zipline:transform@0.3.0: rebuild it against wit/transform.wit",
+        ),
+        (
+            "contract-0.2",
+            "was built for zipline:transform@0.2.0, but this Zipline implements \
+             zipline:transform@0.3.0: rebuild it against wit/transform.wit",
         ),
     ] {
         let e = Module::load(&guest(name), name).unwrap_err();
@@ -362,6 +370,84 @@ fn refusals_and_invalid_outputs_apply_the_policy() {
     }
 }
 
+/// `limits.output` counts every byte copied out of the guest, referenced by a change or not,
+/// and refuses an oversized output from its lengths, before copying it.
+#[test]
+fn unreferenced_output_over_the_limit_is_refused_with_zipline_s_message() {
+    for (config, found) in [
+        // 2 MiB of data no value points at.
+        (&[("data", "2097152")][..], "2097152 data bytes"),
+        // 100,000 values (24 bytes each in the guest) no change points at.
+        (&[("values", "100000")][..], "100004 values"),
+    ] {
+        let mut config = config.to_vec();
+        config.push(("mode", "unreferenced"));
+        let (spec, _d) = make_spec("hostile", &config, OnError::Halt);
+        let mut t = Transformer::new("r", &spec).unwrap();
+        let e = t.transform(batch(1)).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "invalid output: output exceeds the limit of 1048576 bytes (limits.output): \
+                 the guest returned at least "
+            ) && e.contains(found)
+                && e.ends_with("nothing was copied; halting (on_error: halt)"),
+            "{config:?}: {e}"
+        );
+        assert_eq!(t.stats().restarts.load(Ordering::Relaxed), 0, "{e}");
+    }
+
+    // An `err` message counts too.
+    let (spec, _d) = make_spec(
+        "hostile",
+        &[("mode", "err"), ("data", "2000000")],
+        OnError::Halt,
+    );
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let e = t.transform(batch(1)).unwrap_err().to_string();
+    assert!(
+        e.contains(
+            "invalid output: the transform returned an error message of 2000000 bytes, over \
+             the limit of 1048576 bytes (limits.output)"
+        ),
+        "{e}"
+    );
+
+    // Under the limit the same guest passes its changes through.
+    let (spec, _d) = make_spec(
+        "hostile",
+        &[
+            ("mode", "unreferenced"),
+            ("data", "100000"),
+            ("values", "1000"),
+        ],
+        OnError::Halt,
+    );
+    let mut t = Transformer::new("r", &spec).unwrap();
+    assert_eq!(ids(&t.transform(batch(3)).unwrap()), [1, 2, 3]);
+}
+
+/// A limit above wasmtime's default hostcall fuel (128 MiB) works: the host sizes the fuel
+/// from the limit.
+#[test]
+fn an_output_of_150_mib_passes_a_256_mib_limit() {
+    let (mut spec, _d) = make_spec(
+        "hostile",
+        &[("mode", "unreferenced"), ("data", "157286400")],
+        OnError::Halt,
+    );
+    spec.limits = TransformLimits {
+        memory: 512 << 20,
+        timeout: Duration::from_secs(30),
+        output: 256 << 20,
+    };
+    let mut t = Transformer::new("r", &spec).unwrap();
+    let out = t
+        .transform(batch(2))
+        .unwrap_or_else(|e| panic!("150 MiB under a 256 MiB limit: {e}"));
+    assert_eq!(ids(&out), [1, 2]);
+    assert_eq!(out[0].1.values[1], Value::Text("user1@example.com".into()));
+}
+
 #[test]
 fn fan_out_gets_sub_positions_and_rekeying_changes_keys() {
     let (spec, _d) = make_spec("hostile", &[("mode", "fanout")], OnError::Halt);
@@ -437,6 +523,9 @@ fn every_type_and_op() -> Vec<Change> {
             col("at", 1083, false),
             col("local", 1114, false),
             col("utc", 1184, false),
+            col("day_inf", 1082, false),
+            col("local_inf", 1114, false),
+            col("utc_inf", 1184, false),
             col("doc", 3802, false),
             col("span", 3904, false),
             col("gone", 25, false),
@@ -444,7 +533,8 @@ fn every_type_and_op() -> Vec<Change> {
         ],
     ));
     let tag = [0xfe, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 0xff];
-    let row = |id: i64, big: Value| {
+    // `hi`: PostgreSQL's last date and timestamp and `infinity`; else its first and `-infinity`.
+    let row = |id: i64, big: Value, hi: bool| {
         vec![
             Value::Int8(id),
             Value::Uuid(tag),
@@ -456,10 +546,13 @@ fn every_type_and_op() -> Vec<Change> {
             Value::Numeric("-12345678901234567890.000001".into()),
             Value::Text("héllo, wörld".into()),
             Value::Bytes(vec![0, 0xff, 0x80, 1]),
-            Value::Date(-719_162),
+            Value::Date(if hi { DATE_MAX } else { DATE_MIN }),
             Value::Time(86_399_999_999),
-            Value::Timestamp(i64::MIN + 1),
-            Value::TimestampTz(i64::MAX),
+            Value::Timestamp(if hi { TIMESTAMP_END - 1 } else { TIMESTAMP_MIN }),
+            Value::TimestampTz(if hi { TIMESTAMP_END - 1 } else { TIMESTAMP_MIN }),
+            Value::Date(if hi { i32::MAX } else { i32::MIN }),
+            Value::Timestamp(if hi { i64::MAX } else { i64::MIN }),
+            Value::TimestampTz(if hi { i64::MAX } else { i64::MIN }),
             Value::Json(r#"{"a":[1,2]}"#.into()),
             Value::Other {
                 type_oid: 3904,
@@ -485,14 +578,14 @@ fn every_type_and_op() -> Vec<Change> {
             Op::Insert,
             key(i64::MAX),
             None,
-            row(i64::MAX, Value::Text(String::new())),
+            row(i64::MAX, Value::Text(String::new()), true),
         ),
         change(
             2,
             Op::Update,
             key(2),
             Some(key(i64::MAX)),
-            row(2, Value::Unchanged),
+            row(2, Value::Unchanged, false),
         ),
         change(3, Op::Delete, key(2), None, Vec::new()),
         change(4, Op::Truncate, Vec::new(), None, Vec::new()),

@@ -12,7 +12,7 @@
 // number would no longer fit its column. A hashed key column is hashed in `key` and
 // `old-key` too, so updates and deletes still find the row the insert wrote.
 //
-// The batch (zipline:transform@0.2.0) is four flat lists: `tables`, `data` (the bytes of every
+// The batch (zipline:transform@0.3.0) is four flat lists: `tables`, `data` (the bytes of every
 // text, bytea, ... value), `values` (every value of every change; a text value is a span of
 // `data`) and `changes` (whose key, old key and row are spans of `values`). The output is
 // built from the input with as little copying as the contract allows:

@@ -53,7 +53,7 @@ wasm-tools component new "$work/embedded.wasm" --adapt "wasi_snapshot_preview1=$
 # Go guests always import WASI (the host links an empty WASI context); nothing else but the
 # contract is allowed.
 others="$(wasm-tools component wit "$work/go-split.wasm" | sed -n 's/^  import \(.*\);$/\1/p' |
-  grep -v -e '^wasi:' -e '^zipline:transform/host@0.2.0$' -e '^zipline:transform/types@0.2.0$' || true)"
+  grep -v -e '^wasi:' -e '^zipline:transform/host@0.3.0$' -e '^zipline:transform/types@0.3.0$' || true)"
 [[ -z $others ]] || { echo "go-split.wasm imports more than the contract and WASI: $others" >&2; exit 1; }
 install -m 0644 "$work/go-split.wasm" "$out/go-split.wasm"
 echo "built $out/go-split.wasm ($(stat -c %s "$out/go-split.wasm") bytes)"

@@ -26,7 +26,7 @@ node componentize.mjs "$repo/wit" "$tmp"
 
 # A transform may import only the contract's interfaces (no WASI).
 imports="$(wasm-tools component wit "$tmp" | sed -n 's/^  import \(.*\);$/\1/p')"
-if [[ $imports != $'zipline:transform/host@0.2.0\nzipline:transform/types@0.2.0' ]]; then
+if [[ $imports != $'zipline:transform/host@0.3.0\nzipline:transform/types@0.3.0' ]]; then
   echo "js-mask.wasm imports more than the contract: $imports" >&2
   exit 1
 fi

@@ -14,7 +14,7 @@
 // alone. A masked key column is masked in `key` and `old-key` too, so updates and deletes
 // still find their row.
 //
-// The batch (contract 0.2.0) is four flat lists: `tables`, `data` (the bytes of every text,
+// The batch (contract 0.3.0) is four flat lists: `tables`, `data` (the bytes of every text,
 // numeric, json, bytea and other value, back to back), `values` (every value of every change;
 // a text value is `{tag: "text", val: {start, len}}`, a span of `data`) and `changes` (whose
 // `key`, `oldKey` and `values` are spans of `values`). This transform edits the input's
@@ -29,7 +29,7 @@
 // undefined or the value; returning from an export means `ok`, throwing means `err` (with the
 // thrown message).
 
-import { log } from "zipline:transform/host@0.2.0";
+import { log } from "zipline:transform/host@0.3.0";
 
 let columns = null;
 let keep = 0;

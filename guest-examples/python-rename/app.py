@@ -11,7 +11,7 @@ Only the table shapes change: values are positional, so every change passes with
 keys and variants exactly as they came (`unchanged` included). The output's `tables` are the
 renamed copies of the input's, one for one, so changes keep their table index.
 
-The batch (contract 0.2.0) is four flat lists: `tables`, `data` (the bytes of every text,
+The batch (contract 0.3.0) is four flat lists: `tables`, `data` (the bytes of every text,
 numeric, json, bytea and other value), `values` (every value of every change; a text value is
 `Value_Text(Span(start, len))`, a span of `data`) and `changes` (whose `key`, `old_key` and
 `values` are spans of `values`). A rename touches none of the last three, so the output hands

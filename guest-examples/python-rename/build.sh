@@ -25,7 +25,7 @@ trap 'rm -f "$tmp"' EXIT
 PYTHONDONTWRITEBYTECODE=1 componentize-py -d "$repo/wit" -w transform componentize --stub-wasi app -o "$tmp" >/dev/null
 
 imports="$(wasm-tools component wit "$tmp" | sed -n 's/^  import \(.*\);$/\1/p')"
-if [[ $imports != $'zipline:transform/host@0.2.0\nzipline:transform/types@0.2.0' ]]; then
+if [[ $imports != $'zipline:transform/host@0.3.0\nzipline:transform/types@0.3.0' ]]; then
   echo "python-rename.wasm imports more than the contract: $imports" >&2
   exit 1
 fi

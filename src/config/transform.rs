@@ -52,10 +52,16 @@ pub struct TransformLimits {
     pub memory: u64,
     /// Longest one call (a batch) may run. Default 1s.
     pub timeout: Duration,
-    /// Most output one call may return, in bytes (values' sizes plus a small per-value and
-    /// per-change overhead). Default 16 MiB.
+    /// Most output one call may return, in bytes: both every byte copied out of the guest
+    /// (each list and string of its output, checked before copying) and what its changes'
+    /// values come to once resolved (plus a small per-value and per-change overhead). Default
+    /// 16 MiB, at most [`MAX_OUTPUT`].
     pub output: u64,
 }
+
+/// The largest `limits.output`: a guest's memory is 32-bit, so no list it returns can be
+/// longer, and output spans address data with 32-bit offsets.
+pub(crate) const MAX_OUTPUT: u64 = 4 << 30;
 
 impl Default for TransformLimits {
     fn default() -> Self {
@@ -207,6 +213,16 @@ fn parse_limits(ctx: &Ctx<'_>, value: &Value, path: &str) -> Result<TransformLim
             "must be at most 4GiB (32-bit WebAssembly memories cannot grow further)",
         ));
     }
+    if limits.output > MAX_OUTPUT {
+        return Err(ctx.err(
+            &f.field_path("output"),
+            format!(
+                "must be at most 4GiB, found {} bytes (a component's memory is 32-bit: it \
+                 cannot hand over more in one list, and spans cannot address more)",
+                limits.output
+            ),
+        ));
+    }
     Ok(limits)
 }
 
@@ -349,6 +365,12 @@ mod tests {
                  need a few pages)",
             ),
             (
+                "t:\n  module: m.wasm\n  limits: { output: 5GiB }\n",
+                "dir/p.yaml:3: t.limits.output: must be at most 4GiB, found 5368709120 bytes (a \
+                 component's memory is 32-bit: it cannot hand over more in one list, and spans \
+                 cannot address more)",
+            ),
+            (
                 "t:\n  module: m.wasm\n  limits: { timeout: 200 }\n",
                 "dir/p.yaml:3: t.limits.timeout: a duration needs a unit: write \"200s\" or \"200ms\" \
                  (units: ms, s, m, h)",
@@ -375,6 +397,17 @@ mod tests {
         for (yaml, want) in cases {
             assert_eq!(parse(yaml).unwrap_err(), want, "{yaml}");
         }
+    }
+
+    #[test]
+    fn output_limit_reaches_what_a_guest_can_hand_over() {
+        let t = parse("t:\n  module: m.wasm\n  limits: { output: 4GiB }\n").unwrap();
+        assert_eq!(t.limits.output, MAX_OUTPUT);
+        assert!(
+            parse("t:\n  module: m.wasm\n  limits: { output: 4294967297 }\n")
+                .unwrap_err()
+                .contains("must be at most 4GiB, found 4294967297 bytes")
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::change::{Change, Value};
+use crate::change::{Change, Value, timestamp_to_unix_micros};
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
@@ -45,12 +45,25 @@ fn hash_value(h: &mut Fnv, v: &Value) {
         Value::Bytes(b) => h.tagged(6, b),
         Value::Date(d) => h.tagged(7, &d.to_le_bytes()),
         Value::Time(t) => h.tagged(8, &t.to_le_bytes()),
-        Value::Timestamp(t) => h.tagged(9, &t.to_le_bytes()),
-        Value::TimestampTz(t) => h.tagged(10, &t.to_le_bytes()),
+        Value::Timestamp(t) => hash_timestamp(h, 9, *t),
+        Value::TimestampTz(t) => hash_timestamp(h, 10, *t),
         Value::Uuid(u) => h.tagged(11, u),
         Value::Json(s) => h.tagged(12, s.as_bytes()),
         Value::Other { text, .. } => h.tagged(13, text.as_bytes()),
         Value::Unchanged => h.tagged(14, &[]),
+    }
+}
+
+/// Timestamps count from 2000 now, but were hashed as microseconds since 1970 (which only
+/// reached 294247 AD): that count keeps every row on the lane it had. Later instants, which
+/// were refused before, hash their 128-bit count; the infinities their sentinels, as before.
+fn hash_timestamp(h: &mut Fnv, tag: u8, t: i64) {
+    match timestamp_to_unix_micros(t) {
+        None => h.tagged(tag, &t.to_le_bytes()),
+        Some(unix) => match i64::try_from(unix) {
+            Ok(unix) => h.tagged(tag, &unix.to_le_bytes()),
+            Err(_) => h.tagged(tag, &unix.to_le_bytes()),
+        },
     }
 }
 
@@ -181,6 +194,32 @@ mod tests {
         assert_ne!(
             lane_of("public", "a", &[Value::Text("x".into())], 1 << 30),
             lane_of("public", "b", &[Value::Text("x".into())], 1 << 30)
+        );
+    }
+
+    #[test]
+    fn timestamp_keys_keep_the_lanes_they_had_when_counted_from_1970() {
+        // What earlier releases computed: the tag, then the i64 microseconds since 1970.
+        let before = |tag: u8, unix: i64| {
+            let mut h = Fnv(FNV_OFFSET);
+            h.tagged(b's', b"public");
+            h.tagged(b't', b"events");
+            h.tagged(tag, &unix.to_le_bytes());
+            ((h.0 ^ (h.0 >> 32)) % (1 << 30)) as u32
+        };
+        let lane = |v: Value| lane_of("public", "events", &[v], 1 << 30);
+        let unix = 1_706_704_496_123_456;
+        let since_2000 = unix - crate::change::PG_EPOCH_MICROS;
+        assert_eq!(lane(Value::Timestamp(since_2000)), before(9, unix));
+        assert_eq!(lane(Value::TimestampTz(since_2000)), before(10, unix));
+        assert_eq!(lane(Value::Timestamp(i64::MAX)), before(9, i64::MAX));
+        assert_eq!(lane(Value::TimestampTz(i64::MIN)), before(10, i64::MIN));
+        // Instants earlier releases could not carry still hash, and apart from infinity.
+        let last = crate::change::TIMESTAMP_END - 1;
+        assert_eq!(lane(Value::Timestamp(last)), lane(Value::Timestamp(last)));
+        assert_ne!(
+            lane(Value::Timestamp(last)),
+            lane(Value::Timestamp(i64::MAX))
         );
     }
 }

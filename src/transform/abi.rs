@@ -24,7 +24,8 @@
 //!   guess; booleans read any non-zero byte as true, as wasmtime does.
 //!
 //! Anything that is not one of these two lists (tables, data, errors, the host's `log`) goes
-//! through wasmtime's generated code unchanged.
+//! through wasmtime's generated code unchanged; the `output` record around them is lifted by
+//! [`super::lift`], which first checks its size against `limits.output`.
 
 // The component-model traits are `unsafe` to implement: the implementor vouches that `Lower`
 // and `ABI` describe the type. Both are taken from the generated types, which wasmtime derives.
@@ -51,9 +52,8 @@ pub(crate) struct Batch {
     pub(crate) changes: Vec<Change>,
 }
 
-/// The WIT's `output`, lifted from a guest.
-#[derive(ComponentType, Lift, Clone, Debug, PartialEq)]
-#[component(record)]
+/// The WIT's `output`, lifted from a guest (by [`super::lift::Returned`]).
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Output {
     pub(crate) tables: Vec<Table>,
     pub(crate) data: Vec<u8>,

@@ -26,10 +26,10 @@ use super::bindings::{Transform, TransformPre};
 use super::cache;
 use super::host::HostState;
 
-/// How often the epoch advances: the granularity of time limits.
 /// The WIT package and version this host implements (`wit/transform.wit`).
-pub(crate) const CONTRACT: &str = "zipline:transform@0.2.0";
+pub(crate) const CONTRACT: &str = "zipline:transform@0.3.0";
 
+/// How often the epoch advances: the granularity of time limits.
 pub(crate) const TICK: Duration = Duration::from_millis(10);
 
 pub(crate) struct Shared {

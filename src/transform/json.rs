@@ -12,16 +12,29 @@
 //! `numeric`, `text`, `varchar`, `bpchar`, `name`, `bytea`, `bool`, `date`, `time`,
 //! `timestamp`, `timestamptz`, `uuid`, `json`, `jsonb`) or a type OID; `key` defaults to false.
 //! Values follow the column type: numbers, strings, booleans, `null`; `numeric` as a string;
-//! `bytea` as `"\\x0a0b"`; `uuid` as its usual text; dates as days and times/timestamps as
-//! microseconds since 1970-01-01 (as in the WIT contract); `{"unchanged": true}` for an
-//! untouched TOASTed value. On input `position` may be left out (line N gets `0/1#N`), and
-//! `key` may be left out when `values` holds the key columns.
+//! `bytea` as `"\\x0a0b"`; `uuid` as its usual text; `time` as microseconds since midnight;
+//! dates as days and timestamps as microseconds since 1970-01-01, `"infinity"` and
+//! `"-infinity"` for the infinities; `{"unchanged": true}` for an untouched TOASTed value. On
+//! input `position` may be left out (line N gets `0/1#N`), and `key` may be left out when
+//! `values` holds the key columns.
+//!
+//! Timestamps count from 1970 here although the change model and the WIT count from 2000
+//! (PostgreSQL's epoch): this format is for people, who know Unix time, and files written
+//! before contract 0.3.0 keep their meaning. It is still lossless: the latest timestamps
+//! PostgreSQL holds are past `i64` from 1970, and go out as unsigned integers (JSON has no
+//! width; serde_json reads them as `u64`). Those older files wrote the infinities as the
+//! extreme integers: `-9223372036854775808` (no timestamp) still reads as `-infinity` and the
+//! 32-bit extremes as the date infinities, but `9223372036854775807` is now the instant
+//! 294247-01-10 04:00:54.775807 UTC.
 
 use std::sync::Arc;
 
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Map, Number, Value as Json, json};
 
-use crate::change::{Change, Column, Lsn, Op, Position, Table, Value};
+use crate::change::{
+    Change, Column, Lsn, Op, Position, Table, Value, timestamp_from_unix_micros,
+    timestamp_to_unix_micros,
+};
 
 const TYPES: &[(&str, u32)] = &[
     ("bool", 16),
@@ -109,8 +122,18 @@ fn value_to_json(v: &Value) -> Json {
             let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
             json!(format!("\\x{hex}"))
         }
+        Value::Date(i32::MAX) => json!("infinity"),
+        Value::Date(i32::MIN) => json!("-infinity"),
         Value::Date(d) => json!(d),
-        Value::Time(t) | Value::Timestamp(t) | Value::TimestampTz(t) => json!(t),
+        Value::Time(t) => json!(t),
+        Value::Timestamp(t) | Value::TimestampTz(t) => match timestamp_to_unix_micros(*t) {
+            None if *t > 0 => json!("infinity"),
+            None => json!("-infinity"),
+            // From 2000, i64::MIN + 1 ..= i64::MAX - 1 is within i64 or u64 from 1970.
+            Some(unix) => Number::from_i128(unix)
+                .map(Json::Number)
+                .unwrap_or_else(|| unreachable!("{unix} fits i64 or u64")),
+        },
         Value::Uuid(u) => {
             let h: String = u.iter().map(|x| format!("{x:02x}")).collect();
             json!(format!(
@@ -360,10 +383,14 @@ fn value_from_json(v: &Json, oid: u32) -> Result<Value, String> {
                     .collect::<Result<_, _>>()?,
             )
         }
-        1082 => Value::Date(i32::try_from(int()?).map_err(|_| small(int().unwrap_or(0)))?),
+        1082 => match infinity(v) {
+            Some(true) => Value::Date(i32::MAX),
+            Some(false) => Value::Date(i32::MIN),
+            None => Value::Date(i32::try_from(int()?).map_err(|_| small(int().unwrap_or(0)))?),
+        },
         1083 => Value::Time(int()?),
-        1114 => Value::Timestamp(int()?),
-        1184 => Value::TimestampTz(int()?),
+        1114 => Value::Timestamp(timestamp_from_json(v)?),
+        1184 => Value::TimestampTz(timestamp_from_json(v)?),
         2950 => {
             let s = text()?.replace('-', "");
             let n = u128::from_str_radix(&s, 16)
@@ -376,6 +403,39 @@ fn value_from_json(v: &Json, oid: u32) -> Result<Value, String> {
             type_oid: other,
             text: text()?,
         },
+    })
+}
+
+/// `Some(true)` for `"infinity"`, `Some(false)` for `"-infinity"`.
+fn infinity(v: &Json) -> Option<bool> {
+    match v.as_str() {
+        Some("infinity") => Some(true),
+        Some("-infinity") => Some(false),
+        _ => None,
+    }
+}
+
+/// A timestamp: `"infinity"`, `"-infinity"`, or microseconds since 1970-01-01 (`u64` past
+/// `i64::MAX`), as a count from 2000-01-01.
+fn timestamp_from_json(v: &Json) -> Result<i64, String> {
+    match infinity(v) {
+        Some(true) => return Ok(i64::MAX),
+        Some(false) => return Ok(i64::MIN),
+        None => {}
+    }
+    let unix = match v.as_number().and_then(Number::as_i128) {
+        // How files from before contract 0.3.0 spelled -infinity; no timestamp is that early.
+        Some(unix) if unix == i128::from(i64::MIN) => return Ok(i64::MIN),
+        Some(unix) => unix,
+        None => {
+            return Err(format!(
+                "expected microseconds since 1970-01-01 (an integer), \"infinity\" or \
+                 \"-infinity\", found {v}"
+            ));
+        }
+    };
+    timestamp_from_unix_micros(unix).ok_or_else(|| {
+        format!("{unix} microseconds since 1970-01-01 is beyond the 64-bit count from 2000-01-01")
     })
 }
 
@@ -419,6 +479,73 @@ mod tests {
         let again = change_from_json(&change_to_json(&c).to_string(), 9, &mut tables).unwrap();
         assert_eq!(again, c);
         assert_eq!(tables.len(), 1, "equal shapes share one table");
+    }
+
+    #[test]
+    fn dates_and_timestamps_are_unix_counts_over_postgresql_s_whole_range() {
+        use crate::change::{DATE_MAX, DATE_MIN, TIMESTAMP_END, TIMESTAMP_MIN};
+        let line = |values: &str| {
+            format!(
+                r#"{{"table":"t","op":"insert","columns":[{{"name":"id","type":"int4","key":true}},
+                {{"name":"d","type":"date"}},{{"name":"ts","type":"timestamp"}},
+                {{"name":"tz","type":"timestamptz"}}],"values":[1,{values}]}}"#
+            )
+            .replace('\n', " ")
+        };
+        let read = |values: &str| {
+            let c = change_from_json(&line(values), 1, &mut Vec::new())
+                .unwrap_or_else(|e| panic!("{values}: {e}"));
+            c.values[1..].to_vec()
+        };
+        let cases = [
+            // The last date and timestamp: microseconds since 1970 past i64::MAX.
+            (
+                "2145042905,9224318015999999999,9224318015999999999",
+                vec![
+                    Value::Date(DATE_MAX),
+                    Value::Timestamp(TIMESTAMP_END - 1),
+                    Value::TimestampTz(TIMESTAMP_END - 1),
+                ],
+            ),
+            (
+                "-2440588,-210866803200000000,0",
+                vec![
+                    Value::Date(DATE_MIN),
+                    Value::Timestamp(TIMESTAMP_MIN),
+                    Value::TimestampTz(-crate::change::PG_EPOCH_MICROS),
+                ],
+            ),
+            (
+                r#""infinity","infinity","-infinity""#,
+                vec![
+                    Value::Date(i32::MAX),
+                    Value::Timestamp(i64::MAX),
+                    Value::TimestampTz(i64::MIN),
+                ],
+            ),
+        ];
+        for (text, want) in cases {
+            let got = read(text);
+            assert_eq!(got, want, "{text}");
+            // And they print back as they were read.
+            let c = change_from_json(&line(text), 1, &mut Vec::new()).unwrap();
+            let back = change_to_json(&c)["values"].as_array().unwrap()[1..].to_vec();
+            let same: Vec<Json> = serde_json::from_str(&format!("[{text}]")).unwrap();
+            assert_eq!(back, same, "{text}");
+        }
+        // Files from before contract 0.3.0 spelled the infinities as the extreme integers.
+        assert_eq!(
+            read("2147483647,-9223372036854775808,-9223372036854775808"),
+            [
+                Value::Date(i32::MAX),
+                Value::Timestamp(i64::MIN),
+                Value::TimestampTz(i64::MIN)
+            ]
+        );
+        let err = |values: &str| change_from_json(&line(values), 1, &mut Vec::new()).unwrap_err();
+        assert!(err("0,1.5,0").contains("expected microseconds since 1970-01-01"));
+        assert!(err(r#"0,"2024-01-01",0"#).contains("\"infinity\""));
+        assert!(err("0,18446744073709551615,0").contains("beyond the 64-bit count"));
     }
 
     #[test]

@@ -16,7 +16,8 @@
 //!   logs and stdout/stderr into tracing;
 //! - [`bindings`]: `bindgen!` types and the `Change` ↔ WIT conversions, with output checks;
 //!   [`abi`]: the batch's `values` and `changes` lists written and read in the canonical ABI by
-//!   hand, a list at a time;
+//!   hand, a list at a time; [`lift`]: the output lifted only when its size, counted from its
+//!   lengths, is within `limits.output`;
 //! - [`runner`]: one instance: `init`, then `transform` calls under the limits;
 //! - [`policy`]: [`Transformer`], restarts after traps, blame isolation, `on_error`;
 //! - [`dead_letter`] and [`json`]: the dead-letter file and the change JSON format.
@@ -34,6 +35,7 @@ mod dead_letter;
 mod engine;
 mod host;
 pub mod json;
+mod lift;
 mod output;
 mod policy;
 mod runner;

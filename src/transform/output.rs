@@ -2,8 +2,10 @@
 //!
 //! Every change is checked before it can reach a lane (table index in range, value and data
 //! spans in range and text spans UTF-8, as many values as columns, as many key values as key
-//! columns, a position some input had, `unchanged` only in updates), its size counted against
-//! the output limit, and output tables are turned back into
+//! columns, a position some input had, `unchanged` only in updates), what its values come to
+//! once resolved counted against the output limit (many values may point at the same bytes,
+//! and each gets its own copy; what was copied out of the guest was counted before lifting,
+//! in [`super::lift`]), and output tables are turned back into
 //! `Arc<Table>`s — the input's own `Arc` when the guest returned the shape as is, or one shared
 //! `Arc` per distinct new shape (cached across batches), so lanes and sinks keep seeing one
 //! table object per shape. Outputs are put back in input order (stably: a guest's order among
@@ -118,7 +120,8 @@ pub(crate) fn check_output(
         bytes += 64 + spans.size();
         if bytes > max_bytes {
             return Err(format!(
-                "output exceeds the limit of {max_bytes} bytes (limits.output) at output change #{n}"
+                "output exceeds the limit of {max_bytes} bytes (limits.output): its changes' \
+                 values come to more than that once resolved, at output change #{n}"
             ));
         }
         let resolve = |vs: &[w::Packed], key: bool| -> Result<Vec<change::Value>, String> {
@@ -343,7 +346,8 @@ mod tests {
                 })
                 .into();
             }),
-            "output exceeds the limit of 10000 bytes (limits.output) at output change #0"
+            "output exceeds the limit of 10000 bytes (limits.output): its changes' values come \
+             to more than that once resolved, at output change #0"
         );
         assert_eq!(
             check(&|o| o.changes[0].values.start = 2),

@@ -12,9 +12,10 @@ use std::time::Duration;
 use wasmtime::component::TypedFunc;
 use wasmtime::{Store, Trap};
 
-use super::bindings::{Batch, InputBatch, Output, Transform};
+use super::bindings::{Batch, InputBatch, Transform};
 use super::engine::{Module, TICK};
 use super::host::{HostState, LogTags};
+use super::lift::{Refusal, Returned, hostcall_fuel, with_output_limit};
 use super::output::{Checked, TableCache, check_output};
 use crate::config::TransformLimits;
 
@@ -27,8 +28,9 @@ pub(crate) struct Failure {
     pub(crate) broken: bool,
 }
 
-/// The `transform` export, typed with [`super::abi`]'s hand-lowered lists.
-type TransformFunc = TypedFunc<(Arc<Batch>,), (Result<Output, String>,)>;
+/// The `transform` export, typed with [`super::abi`]'s hand-lowered lists and
+/// [`super::lift`]'s output under the limit.
+type TransformFunc = TypedFunc<(Arc<Batch>,), (Result<Returned, Refusal>,)>;
 
 pub(crate) struct Instance {
     store: Store<HostState>,
@@ -51,6 +53,9 @@ impl Instance {
         };
         let mut store = Store::new(module.pre.engine(), HostState::new(tags, limits.memory));
         store.limiter(|s| &mut s.limiter);
+        // wasmtime's own cap on what one call copies out of the guest (128 MiB by default)
+        // must not fire before `limits.output` does.
+        store.set_hostcall_fuel(hostcall_fuel(limits.output));
         store.set_epoch_deadline(deadline_ticks(limits.timeout));
         store.epoch_deadline_trap();
         let linked = module
@@ -97,22 +102,30 @@ impl Instance {
         self.store
             .set_epoch_deadline(deadline_ticks(self.limits.timeout));
         self.store.data_mut().take_last_error_log();
-        let result = self
-            .transform
-            .call(&mut self.store, (Arc::clone(&input.wit),))
-            .map(|(r,)| r);
+        let limit = self.limits.output;
+        let result = with_output_limit(limit, || {
+            self.transform
+                .call(&mut self.store, (Arc::clone(&input.wit),))
+                .map(|(r,)| r)
+        });
         self.store.data_mut().end_call();
+        let invalid = |m: String| Failure {
+            reason: format!("invalid output: {m}"),
+            broken: false,
+        };
         match result {
-            Ok(Ok(output)) => {
-                check_output(output, input, cache, self.limits.output).map_err(|m| Failure {
-                    reason: format!("invalid output: {m}"),
-                    broken: false,
-                })
+            Ok(Ok(Returned::Output(output))) => {
+                check_output(output, input, cache, limit).map_err(invalid)
             }
-            Ok(Err(msg)) => Err(Failure {
+            Ok(Ok(Returned::TooLarge(size))) => Err(invalid(size.refusal(limit))),
+            Ok(Err(Refusal::Message(msg))) => Err(Failure {
                 reason: format!("the transform returned an error: {msg}"),
                 broken: false,
             }),
+            Ok(Err(Refusal::TooLarge(bytes))) => Err(invalid(format!(
+                "the transform returned an error message of {bytes} bytes, over the limit of \
+                 {limit} bytes (limits.output)"
+            ))),
             Err(e) => Err(Failure {
                 reason: describe(&e, &mut self.store, self.limits.timeout),
                 broken: true,

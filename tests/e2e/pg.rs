@@ -283,7 +283,7 @@ pub mod fixtures {
     use std::time::Duration;
 
     use crate::common::Postgres;
-    use zipline::change::{Change, Column, Table, Value};
+    use zipline::change::{Change, Column, PG_EPOCH_MICROS, Table, Value};
     use zipline::sink::postgres::PostgresSinkOptions;
     use zipline::sink::{Batch, LaneSink};
 
@@ -363,8 +363,8 @@ pub mod fixtures {
             Value::Int8(qty),
             Value::Float8(0.1),
             Value::Float4(f32::MAX),
-            Value::Timestamp(1_706_704_496_123_456),
-            Value::TimestampTz(-62_135_596_800_000_001),
+            Value::Timestamp(1_706_704_496_123_456 - PG_EPOCH_MICROS),
+            Value::TimestampTz(-62_135_596_800_000_001 - PG_EPOCH_MICROS),
             Value::Date(i32::MAX),
             Value::Uuid([0xab; 16]),
             Value::Bytes(vec![0, 0xff, b'\'', b'\\']),

@@ -25,8 +25,10 @@ pub const COLUMNS: &[&str] = &[
     "tm", "ttz", "ts", "tstz", "iv", "ai", "at", "ip", "cn",
 ];
 
-/// Rows of edge values (ids 1..=7), as `INSERT` statements; the session's time zone varies
-/// so that timestamptz literals without an offset are read in several zones.
+/// Rows of edge values (ids 1..=10), as `INSERT` statements; the session's time zone varies
+/// so that timestamptz literals without an offset are read in several zones. Rows 8 to 10 hold
+/// the ends of PostgreSQL's date and timestamp ranges (5874897 AD and 294276 AD; 4714-11-24 BC,
+/// and the year after).
 pub const ROWS: &str = r#"
 INSERT INTO zoo (id) VALUES (1);
 INSERT INTO zoo VALUES (2, -32768, -2147483648, -9223372036854775808,
@@ -56,6 +58,10 @@ INSERT INTO zoo (id, n, n124, tstz, iv, at)
     VALUES (7, '0.000000000000000000000000000001', 0.0001, '2024-06-30 23:59:59.5',
             '-1 days +02:03:04', '{" lead"}');
 RESET TimeZone;
+INSERT INTO zoo (id, d, ts, tstz)
+    VALUES (8, '5874897-12-31', '294276-12-31 23:59:59.999999', '294276-12-31 23:59:59.999999+00'),
+           (9, '4713-01-01 BC', '4713-11-24 00:00:00 BC', '4713-11-24 00:00:00+00 BC'),
+           (10, '4714-11-24 BC', '4714-11-24 00:00:00 BC', '4714-11-24 00:00:00+00 BC');
 INSERT INTO zoo_enum VALUES (1, NULL, NULL), (2, 'happy 😀', '{}'),
     (3, 'it''s', '{sad,NULL,"happy 😀"}');
 "#;
@@ -67,7 +73,7 @@ INSERT INTO zoo SELECT id + 100, i2, i4, i8, n, n124, f4, f8, b, t, vc, c, by, u
     ttz, ts, tstz, iv, ai, at, ip, cn FROM zoo WHERE id < 100;
 UPDATE zoo z SET (i2, i4, i8, n, n124, f4, f8, b, t, vc, c, by, u, j, jb, d, tm, ttz, ts, tstz,
     iv, ai, at, ip, cn) = (SELECT i2, i4, i8, n, n124, f4, f8, b, t, vc, c, by, u, j, jb, d, tm,
-    ttz, ts, tstz, iv, ai, at, ip, cn FROM zoo s WHERE s.id = 100 + z.id % 7 + 1)
+    ttz, ts, tstz, iv, ai, at, ip, cn FROM zoo s WHERE s.id = 100 + z.id % 10 + 1)
     WHERE z.id < 100;
 INSERT INTO zoo_enum SELECT id + 100, m, ma FROM zoo_enum;
 UPDATE zoo_enum SET m = 'sad', ma = '{ok,ok}' WHERE id = 1;
@@ -88,7 +94,7 @@ pub enum Expect {
     Bytes,
     /// JSON, compared as parsed JSON.
     Json,
-    /// Dates and timestamps: infinite and BC values become NULL; `+00` is dropped.
+    /// Dates and timestamps: infinite, BC and after-9999 values become NULL; `+00` is dropped.
     Temporal,
     /// Arrays: a JSON array, compared with PostgreSQL's `to_json` of the array.
     Array,

@@ -3,7 +3,8 @@
 #   rust-mask.wasm          guest-examples/rust-mask (masks columns, drops tables)
 #   hostile.wasm            tests/guests/hostile: loops, allocates, traps, panics... on request
 #   wasi-probe.wasm         tests/guests/wasi-probe: imports WASI, tries files, env, clock, network
-#   wrong-world.wasm, missing-transform.wasm, imports-unknown.wasm, old-contract.wasm
+#   wrong-world.wasm, missing-transform.wasm, imports-unknown.wasm, old-contract.wasm,
+#                           contract-0.2.wasm
 #                           from the .wat files here
 #
 # Needs Debian's rustc-web, cargo-web, rust-web-src, lld-22 and wasi-libc, and wasm-tools

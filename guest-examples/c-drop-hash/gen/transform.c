@@ -3,9 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-// Imported Functions from `zipline:transform/host@0.2.0`
+// Imported Functions from `zipline:transform/host@0.3.0`
 
-__attribute__((__import_module__("zipline:transform/host@0.2.0"), __import_name__("log")))
+__attribute__((__import_module__("zipline:transform/host@0.3.0"), __import_name__("log")))
 extern void __wasm_import_zipline_transform_host_log(int32_t, uint8_t *, size_t);
 
 // Exported Functions from `transform`

@@ -86,13 +86,18 @@ typedef struct zipline_transform_types_value_t {
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_TEXT 8
 // bytea, raw bytes
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_BYTES 9
-// date: days since 1970-01-01
+// date: days since 1970-01-01, from -2440588 (4714-11-24 BC) to 2145042905
+// (5874897-12-31); the smallest s32 is -infinity, the largest infinity
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_DATE 10
-// time: microseconds since midnight
+// time: microseconds since midnight (86400000000 is 24:00:00)
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_TIME 11
-// timestamp without time zone: microseconds since 1970-01-01 00:00:00
+// timestamp without time zone: microseconds since 2000-01-01 00:00:00, PostgreSQL's
+// own epoch and representation, from -211813488000000000 (4714-11-24 00:00:00 BC) to
+// 9223371331199999999 (294276-12-31 23:59:59.999999); the smallest s64 is -infinity,
+// the largest infinity. Add 946684800000000 for microseconds since 1970-01-01 (which
+// need more than 64 bits for the last thirty years of the range).
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_TIMESTAMP 12
-// timestamp with time zone: microseconds since 1970-01-01 00:00:00 UTC
+// timestamp with time zone: the instant in UTC, counted like `timestamp`
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_TIMESTAMPTZ 13
 // uuid, as its 16 bytes big-endian: (high 8 bytes, low 8 bytes)
 #define ZIPLINE_TRANSFORM_TYPES_VALUE_UUID 14
@@ -258,7 +263,7 @@ typedef struct {
   } val;
 } transform_result_output_string_t;
 
-// Imported Functions from `zipline:transform/host@0.2.0`
+// Imported Functions from `zipline:transform/host@0.3.0`
 // Write a line to Zipline's log, tagged with the route and module.
 extern void zipline_transform_host_log(zipline_transform_host_level_t level, transform_string_t *message);
 

@@ -18,7 +18,7 @@
 // A delete has no values, so its copied columns are NULL; a truncate has no key either.
 // Changes of other tables pass through untouched.
 //
-// The batch (zipline:transform@0.2.0) is four flat lists: `Tables`, `Data` (the bytes of
+// The batch (zipline:transform@0.3.0) is four flat lists: `Tables`, `Data` (the bytes of
 // every text-like value), `Values` (every value of every change; a text value is a Span of
 // Data) and `Changes` (whose Key, OldKey and Values are Spans of Values). The output is the
 // same lists plus `Errors`, and this transform builds it so that nothing already in the batch

@@ -6,9 +6,10 @@
 //! bytes are ordinary characters. Identifiers are quoted with backticks, a backtick doubled.
 //! Bytes go as `X'…'` hex literals, which are binary strings in both servers.
 //!
-//! Temporal values are written from Zipline's integer representation (days / microseconds since
-//! 1970-01-01) without a date library. MySQL has no infinities, no BC dates and no years past
-//! 9999, and no NaN or infinite numbers. What happens to such a value depends on the sink
+//! Temporal values are written from Zipline's integer representation (days since 1970-01-01,
+//! microseconds since 2000-01-01) without a date library. MySQL has no infinities, no BC dates
+//! and no years past 9999 (PostgreSQL's reach 294276 for timestamps, 5874897 for dates), and no
+//! NaN or infinite numbers. What happens to such a value depends on the sink
 //! column ([`SinkClass`], from `information_schema.COLUMNS.DATA_TYPE`): a textual column gets
 //! PostgreSQL's text (`'NaN'`, `'infinity'`, `'0044-03-15 BC'`), any other column gets NULL
 //! (counted and logged by the caller, see [`note_nulled`]), and where the sink column is not
@@ -29,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::array;
-use crate::change::Value;
+use crate::change::{PG_EPOCH_DAYS, Value};
 
 const MICROS_PER_SECOND: i64 = 1_000_000;
 const MICROS_PER_DAY: i64 = 86_400 * MICROS_PER_SECOND;
@@ -393,7 +394,8 @@ fn push_int(buf: &mut String, value: i64) {
     buf.extend(digits[start..].iter().map(|&d| char::from(d)));
 }
 
-/// Writes `'YYYY-MM-DD HH:MM:SS.ffffff'`; for `timestamptz` the value is UTC, which is what the
+/// Writes `'YYYY-MM-DD HH:MM:SS.ffffff'` for microseconds since 2000-01-01 (any `i64`: the
+/// day count cannot overflow); for `timestamptz` the value is UTC, which is what the
 /// lane session's `time_zone='+00:00'` expects for TIMESTAMP columns. `offset` is what
 /// PostgreSQL prints after the time in UTC (`+00` for timestamptz), for the text of values
 /// MySQL cannot hold.
@@ -416,7 +418,8 @@ fn push_timestamp(
     }
     let time = micros.rem_euclid(MICROS_PER_DAY);
     buf.push('\'');
-    push_civil_date(buf, micros.div_euclid(MICROS_PER_DAY), type_name, |date| {
+    let days = micros.div_euclid(MICROS_PER_DAY) + i64::from(PG_EPOCH_DAYS);
+    push_civil_date(buf, days, type_name, |date| {
         let mut text = date;
         text.push(' ');
         push_time_of_day(&mut text, time);
@@ -464,6 +467,7 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::change::{DATE_MAX, DATE_MIN, PG_EPOCH_MICROS, TIMESTAMP_END, TIMESTAMP_MIN};
 
     fn lit(value: Value) -> String {
         let mut buf = String::new();
@@ -600,11 +604,19 @@ mod tests {
         assert_eq!(lit(Value::Time(0)), "'00:00:00.000000'");
         assert_eq!(lit(Value::Time(45_296_000_001)), "'12:34:56.000001'");
         assert_eq!(lit(Value::Time(MICROS_PER_DAY)), "'24:00:00.000000'");
-        assert_eq!(lit(Value::Timestamp(0)), "'1970-01-01 00:00:00.000000'");
-        assert_eq!(lit(Value::Timestamp(-1)), "'1969-12-31 23:59:59.999999'");
+        assert_eq!(lit(Value::Timestamp(0)), "'2000-01-01 00:00:00.000000'");
+        assert_eq!(lit(Value::Timestamp(-1)), "'1999-12-31 23:59:59.999999'");
         assert_eq!(
-            lit(Value::TimestampTz(1_706_704_496_123_456)),
+            lit(Value::Timestamp(-PG_EPOCH_MICROS)),
+            "'1970-01-01 00:00:00.000000'"
+        );
+        assert_eq!(
+            lit(Value::TimestampTz(1_706_704_496_123_456 - PG_EPOCH_MICROS)),
             "'2024-01-31 12:34:56.123456'"
+        );
+        assert_eq!(
+            lit(Value::Timestamp(253_402_300_799_999_999 - PG_EPOCH_MICROS)),
+            "'9999-12-31 23:59:59.999999'"
         );
     }
 
@@ -618,6 +630,19 @@ mod tests {
         let e = err(Value::Date(-735_160));
         assert!(e.contains("0044-03-15 BC") && e.contains("outside"), "{e}");
         assert!(err(Value::Date(2_932_897)).contains("10000-01-01"));
+        // The far ends of PostgreSQL's ranges, and any other i64, take the same path.
+        let e = err(Value::Timestamp(TIMESTAMP_END - 1));
+        assert!(
+            e.contains("timestamp 294276-12-31 23:59:59.999999 is outside MySQL's range"),
+            "{e}"
+        );
+        let e = err(Value::TimestampTz(TIMESTAMP_MIN));
+        assert!(e.contains("timestamptz 4714-11-24 00:00:00+00 BC"), "{e}");
+        assert!(err(Value::Date(DATE_MAX)).contains("date 5874897-12-31 is outside"));
+        assert!(err(Value::Date(DATE_MIN)).contains("date 4714-11-24 BC is outside"));
+        for t in [i64::MIN + 1, i64::MAX - 1] {
+            assert!(err(Value::Timestamp(t)).contains("outside MySQL's range"));
+        }
         assert!(err(Value::Time(-1)).contains("outside"));
         assert!(err(Value::Unchanged).contains("unchanged"));
     }
@@ -641,13 +666,24 @@ mod tests {
             (Value::Timestamp(i64::MIN), "'-infinity'"),
             // 0044-03-15 12:00:00.5 BC
             (
-                Value::Timestamp(-735_160 * MICROS_PER_DAY + 43_200_500_000),
+                Value::Timestamp(-735_160 * MICROS_PER_DAY + 43_200_500_000 - PG_EPOCH_MICROS),
                 "'0044-03-15 12:00:00.5 BC'",
             ),
             (
-                Value::TimestampTz(-735_160 * MICROS_PER_DAY),
+                Value::TimestampTz(-735_160 * MICROS_PER_DAY - PG_EPOCH_MICROS),
                 "'0044-03-15 00:00:00+00 BC'",
             ),
+            (
+                Value::Timestamp(TIMESTAMP_END - 1),
+                "'294276-12-31 23:59:59.999999'",
+            ),
+            (
+                Value::TimestampTz(TIMESTAMP_END - 1),
+                "'294276-12-31 23:59:59.999999+00'",
+            ),
+            (Value::Timestamp(TIMESTAMP_MIN), "'4714-11-24 00:00:00 BC'"),
+            (Value::Date(DATE_MAX), "'5874897-12-31'"),
+            (Value::Date(DATE_MIN), "'4714-11-24 BC'"),
         ];
         for (value, text) in cases {
             assert_eq!(

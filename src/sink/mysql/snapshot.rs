@@ -777,7 +777,7 @@ fn pieces(data: Bytes, size: usize) -> Vec<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::change::Column;
+    use crate::change::{Column, DATE_MAX, PG_EPOCH_MICROS, TIMESTAMP_END};
 
     fn table() -> Arc<Table> {
         let col = |name: &str, type_oid, is_key| Column {
@@ -803,7 +803,7 @@ mod tests {
         let a = vec![
             Value::Int8(-7),
             Value::Text("tab\there\nline \\N back\\slash".into()),
-            Value::TimestampTz(1_700_000_000_123_456),
+            Value::TimestampTz(1_700_000_000_123_456 - PG_EPOCH_MICROS),
             Value::Bytes(vec![0, b'\t', 0xff]),
         ];
         let b = vec![Value::Int8(i64::MIN), Value::Null, Value::Null, Value::Null];
@@ -836,8 +836,13 @@ mod tests {
                 type_oid: 1009,
                 text: "{\"a\tb\",NULL}".into(),
             },
+            // The last timestamp and date PostgreSQL holds: past MySQL's year 9999.
+            Value::Timestamp(TIMESTAMP_END - 1),
+            Value::Date(DATE_MAX),
         ];
         let classes = [
+            SinkClass::Text,
+            SinkClass::Typed,
             SinkClass::Text,
             SinkClass::Typed,
             SinkClass::Text,
@@ -851,9 +856,9 @@ mod tests {
         .unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "NaN\t\\N\t-infinity\t[\"a\\\\tb\",null]\n"
+            "NaN\t\\N\t-infinity\t[\"a\\\\tb\",null]\t294276-12-31 23:59:59.999999\t\\N\n"
         );
-        assert_eq!(nulled, [1]);
+        assert_eq!(nulled, [1, 5]);
     }
 
     #[test]

@@ -12,9 +12,11 @@
 //! dimensions, a has-null flag, the element type OID, then per dimension its length and lower
 //! bound, then each element as a 4-byte length (−1 for NULL) and its bytes.
 //!
-//! Temporal values: Zipline counts from 1970-01-01, PostgreSQL's binary formats from
-//! 2000-01-01. The `MIN`/`MAX` sentinels of [`Value`] are exactly PostgreSQL's `-infinity` and
-//! `infinity` (`DATEVAL_NOBEGIN`/`DT_NOBEGIN` and friends), so they pass through unchanged.
+//! Temporal values: timestamps already count microseconds from 2000-01-01 as PostgreSQL's
+//! binary format does, so they go as they are (after a range check that names the problem
+//! before the server would); dates count from 1970-01-01 and are shifted to 2000. The
+//! `MIN`/`MAX` sentinels of [`Value`] are exactly PostgreSQL's `-infinity` and `infinity`
+//! (`DATEVAL_NOBEGIN`/`DT_NOBEGIN` and friends), so they pass through unchanged.
 
 use std::error::Error;
 use std::fmt::{self, Write as _};
@@ -22,16 +24,11 @@ use std::fmt::{self, Write as _};
 use bytes::{BufMut, BytesMut};
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
-use crate::change::Value;
+use crate::change::{PG_EPOCH_DAYS, Value, timestamp_in_pg_range};
 use crate::sink::coalesce::Row;
 use crate::source::postgres::types::{
     format_date, format_time, format_timestamp, format_timestamptz, format_uuid,
 };
-
-/// Days from 1970-01-01 to 2000-01-01.
-const PG_EPOCH_DAYS: i32 = 10_957;
-/// Microseconds from 1970-01-01 to 2000-01-01.
-const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
 /// The element type an array parameter carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -380,13 +377,13 @@ fn pg_date(days: i32) -> i32 {
 }
 
 fn pg_timestamp(micros: i64) -> Result<i64, EncodeError> {
-    match micros {
-        i64::MIN | i64::MAX => Ok(micros),
-        _ => micros.checked_sub(PG_EPOCH_MICROS).ok_or_else(|| {
-            EncodeError(format!(
-                "timestamp of {micros} microseconds since 1970 is out of PostgreSQL's range"
-            ))
-        }),
+    if timestamp_in_pg_range(micros) {
+        Ok(micros)
+    } else {
+        Err(EncodeError(format!(
+            "timestamp of {micros} microseconds since 2000-01-01 is out of PostgreSQL's range \
+             (4714-11-24 BC to 294276-12-31)"
+        )))
     }
 }
 
@@ -471,6 +468,7 @@ impl fmt::Display for Wire {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::change::{TIMESTAMP_END, TIMESTAMP_MIN};
 
     fn bytes(p: &Param<'_>, ty: &Type) -> Vec<u8> {
         let mut out = BytesMut::new();
@@ -503,7 +501,7 @@ mod tests {
     }
 
     #[test]
-    fn temporal_values_shift_to_the_2000_epoch_and_keep_infinities() {
+    fn dates_shift_to_the_2000_epoch_and_timestamps_and_infinities_go_as_they_are() {
         let one = |wire, v: &Value, ty: &Type| {
             let mut out = BytesMut::new();
             Param::one(wire, v).to_sql(ty, &mut out).unwrap();
@@ -520,11 +518,17 @@ mod tests {
         assert_eq!(
             one(
                 Wire::TimestampTz,
-                &Value::TimestampTz(PG_EPOCH_MICROS + 1),
+                &Value::TimestampTz(1),
                 &Type::TIMESTAMPTZ
             ),
             1i64.to_be_bytes()
         );
+        for t in [TIMESTAMP_MIN, TIMESTAMP_END - 1] {
+            assert_eq!(
+                one(Wire::Timestamp, &Value::Timestamp(t), &Type::TIMESTAMP),
+                t.to_be_bytes()
+            );
+        }
         assert_eq!(
             one(
                 Wire::Timestamp,
@@ -533,15 +537,17 @@ mod tests {
             ),
             i64::MIN.to_be_bytes()
         );
-        let Err(err) = Param::one(Wire::Timestamp, &Value::Timestamp(i64::MIN + 1))
-            .to_sql(&Type::TIMESTAMP, &mut BytesMut::new())
-        else {
-            panic!("a timestamp before PostgreSQL's range was encoded");
-        };
-        assert!(
-            err.to_string().contains("out of PostgreSQL's range"),
-            "{err}"
-        );
+        for t in [i64::MIN + 1, TIMESTAMP_MIN - 1, TIMESTAMP_END] {
+            let Err(err) = Param::one(Wire::Timestamp, &Value::Timestamp(t))
+                .to_sql(&Type::TIMESTAMP, &mut BytesMut::new())
+            else {
+                panic!("a timestamp outside PostgreSQL's range was encoded: {t}");
+            };
+            assert!(
+                err.to_string().contains("out of PostgreSQL's range"),
+                "{err}"
+            );
+        }
     }
 
     #[test]
@@ -572,7 +578,15 @@ mod tests {
         assert_eq!(text(Value::Float4(f32::NAN)), "NaN");
         assert_eq!(text(Value::Bytes(vec![0, 0xab])), "\\x00ab");
         assert_eq!(text(Value::Date(-719_163)), "0001-12-31 BC");
-        assert_eq!(text(Value::TimestampTz(1)), "1970-01-01 00:00:00.000001+00");
+        assert_eq!(text(Value::TimestampTz(1)), "2000-01-01 00:00:00.000001+00");
+        assert_eq!(
+            text(Value::Timestamp(TIMESTAMP_END - 1)),
+            "294276-12-31 23:59:59.999999"
+        );
+        assert_eq!(
+            text(Value::TimestampTz(TIMESTAMP_MIN)),
+            "4714-11-24 00:00:00+00 BC"
+        );
         assert_eq!(
             text(Value::Uuid([0xab; 16])),
             "abababab-abab-abab-abab-abababababab"

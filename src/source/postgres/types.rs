@@ -11,15 +11,16 @@
 //! - `infinity`/`-infinity` are valid dates and timestamps; they map to the `MAX`/`MIN`
 //!   sentinels documented on [`Value`].
 //! - `time` may be `24:00:00`.
-//! - `timestamp` reaches 294276 AD, but microseconds since 1970 overflow `i64` in the last
-//!   ~30 years of that range; such values are rejected with a [`TypeError`].
+//! - Dates run from 4714-11-24 BC to 5874897-12-31, timestamps from 4714-11-24 BC to
+//!   294276-12-31 23:59:59.999999. Timestamps become microseconds since 2000-01-01, as
+//!   PostgreSQL counts them, which holds the whole range in 64 bits (since 1970 would not).
 //!
 //! Calendar math is the proleptic Gregorian "days from civil" algorithm (March-based years,
 //! 400-year eras), written out here so the crate needs no date library.
 
 use std::fmt::Write as _;
 
-use crate::change::Value;
+use crate::change::{DATE_MAX, DATE_MIN, PG_EPOCH_DAYS, TIMESTAMP_END, TIMESTAMP_MIN, Value};
 
 const BOOL: u32 = 16;
 const BYTEA: u32 = 17;
@@ -271,8 +272,8 @@ fn parse_date(s: &str) -> Result<i32, &'static str> {
     c.finish()?;
     i32::try_from(days)
         .ok()
-        .filter(|d| *d != i32::MAX && *d != i32::MIN)
-        .ok_or("date out of range")
+        .filter(|d| (DATE_MIN..=DATE_MAX).contains(d))
+        .ok_or("date outside PostgreSQL's range (4714-11-24 BC to 5874897-12-31)")
 }
 
 fn parse_time(s: &str) -> Result<i64, &'static str> {
@@ -282,7 +283,8 @@ fn parse_time(s: &str) -> Result<i64, &'static str> {
     Ok(micros)
 }
 
-/// `YYYY-MM-DD HH:MM:SS[.ffffff]`, then for `timestamptz` a UTC offset, then ` BC`.
+/// `YYYY-MM-DD HH:MM:SS[.ffffff]`, then for `timestamptz` a UTC offset, then ` BC`; into
+/// microseconds since 2000-01-01 (UTC for `timestamptz`).
 fn parse_timestamp(s: &str, with_offset: bool) -> Result<i64, &'static str> {
     match s {
         "infinity" => return Ok(i64::MAX),
@@ -296,11 +298,12 @@ fn parse_timestamp(s: &str, with_offset: bool) -> Result<i64, &'static str> {
     let time = c.time(false)?;
     let offset = if with_offset { c.offset()? } else { 0 };
     c.finish()?;
-    days.checked_mul(MICROS_PER_DAY)
+    (days - i64::from(PG_EPOCH_DAYS))
+        .checked_mul(MICROS_PER_DAY)
         .and_then(|m| m.checked_add(time))
         .and_then(|m| m.checked_sub(offset * MICROS_PER_SECOND))
-        .filter(|m| *m != i64::MAX && *m != i64::MIN)
-        .ok_or("timestamp beyond the range of microseconds since 1970 in 64 bits")
+        .filter(|m| (TIMESTAMP_MIN..TIMESTAMP_END).contains(m))
+        .ok_or("timestamp outside PostgreSQL's range (4714-11-24 BC to 294276-12-31)")
 }
 
 /// A forward-only reader over ASCII date/time text.
@@ -538,7 +541,8 @@ fn format_timestamp_with(micros: i64, zone: &str) -> String {
         i64::MIN => "-infinity".to_owned(),
         _ => {
             let mut out = String::with_capacity(32);
-            let bc = write_date(&mut out, micros.div_euclid(MICROS_PER_DAY));
+            let days = micros.div_euclid(MICROS_PER_DAY) + i64::from(PG_EPOCH_DAYS);
+            let bc = write_date(&mut out, days);
             out.push(' ');
             write_time(&mut out, micros.rem_euclid(MICROS_PER_DAY));
             out.push_str(zone);
@@ -550,7 +554,7 @@ fn format_timestamp_with(micros: i64, zone: &str) -> String {
     }
 }
 
-/// Formats microseconds since 1970-01-01 as `YYYY-MM-DD HH:MM:SS[.ffffff]` (` BC` suffix,
+/// Formats microseconds since 2000-01-01 as `YYYY-MM-DD HH:MM:SS[.ffffff]` (` BC` suffix,
 /// `infinity`/`-infinity` for the sentinels), like PostgreSQL's `timestamp` output.
 #[allow(
     dead_code,
@@ -698,7 +702,8 @@ mod tests {
             ("0001-12-31 BC", -719_163),
             ("0044-03-15 BC", -735_160),
             ("4713-01-01 BC", -2_440_550),
-            ("5874897-12-31", 2_145_042_905),
+            ("4714-11-24 BC", DATE_MIN),
+            ("5874897-12-31", DATE_MAX),
             ("infinity", i32::MAX),
             ("-infinity", i32::MIN),
         ] {
@@ -715,6 +720,9 @@ mod tests {
             "2024-01-01 AD",
             "2024/01/01",
             "2024-01-01 ",
+            // One day past either end of PostgreSQL's range.
+            "4714-11-23 BC",
+            "5874898-01-01",
         ] {
             bad(DATE, text);
         }
@@ -730,7 +738,10 @@ mod tests {
         for days in -800_000..-700_000 {
             assert_eq!(parse(DATE, &format_date(days)), Value::Date(days));
         }
-        for days in (-3_000_000..3_000_000).step_by(997) {
+        for days in (DATE_MIN..3_000_000).step_by(997) {
+            assert_eq!(parse(DATE, &format_date(days)), Value::Date(days));
+        }
+        for days in (DATE_MIN..=DATE_MAX).step_by(99_991).chain([DATE_MAX]) {
             assert_eq!(parse(DATE, &format_date(days)), Value::Date(days));
         }
     }
@@ -759,15 +770,39 @@ mod tests {
         }
     }
 
+    /// Microseconds since 2000-01-01 of `unix` microseconds since 1970-01-01.
+    fn since_2000(unix: i64) -> i64 {
+        unix - crate::change::PG_EPOCH_MICROS
+    }
+
     #[test]
     fn timestamps_round_trip() {
         for (text, micros) in [
-            ("1970-01-01 00:00:00", 0),
-            ("1969-12-31 23:59:59.999999", -1),
-            ("0001-01-01 00:00:00", -62_135_596_800_000_000),
-            ("9999-12-31 23:59:59.999999", 253_402_300_799_999_999),
-            ("0044-03-15 12:00:00 BC", -63_517_780_800_000_000),
-            ("2024-01-02 03:04:05.123456", 1_704_164_645_123_456),
+            ("2000-01-01 00:00:00", 0),
+            ("1999-12-31 23:59:59.999999", -1),
+            ("1970-01-01 00:00:00", since_2000(0)),
+            ("1969-12-31 23:59:59.999999", since_2000(-1)),
+            ("0001-01-01 00:00:00", since_2000(-62_135_596_800_000_000)),
+            (
+                "9999-12-31 23:59:59.999999",
+                since_2000(253_402_300_799_999_999),
+            ),
+            (
+                "0044-03-15 12:00:00 BC",
+                since_2000(-63_517_780_800_000_000),
+            ),
+            (
+                "2024-01-02 03:04:05.123456",
+                since_2000(1_704_164_645_123_456),
+            ),
+            // Both ends of PostgreSQL's range; the last 30 years overflowed i64 since 1970.
+            ("294276-12-31 23:59:59.999999", TIMESTAMP_END - 1),
+            (
+                "294247-01-10 04:00:54.775807",
+                i64::MAX - crate::change::PG_EPOCH_MICROS,
+            ),
+            ("4714-11-24 00:00:00 BC", TIMESTAMP_MIN),
+            ("4713-11-24 00:00:00 BC", -211_781_865_600_000_000),
             ("infinity", i64::MAX),
             ("-infinity", i64::MIN),
         ] {
@@ -777,14 +812,20 @@ mod tests {
         bad(TIMESTAMP, "2024-01-02 24:00:00");
         bad(TIMESTAMP, "2024-01-02T03:04:05");
         bad(TIMESTAMP, "2024-01-02 03:04:05+00");
-        // PostgreSQL accepts this, but it is past i64 microseconds since 1970.
-        let e = bad(TIMESTAMP, "294276-12-31 23:59:59.999999");
-        assert!(e.reason.contains("range"), "{e}");
+        // One microsecond past either end of PostgreSQL's range, and far past it.
+        for text in [
+            "294277-01-01 00:00:00",
+            "4714-11-23 23:59:59.999999 BC",
+            "9999999-12-31 00:00:00",
+        ] {
+            let e = bad(TIMESTAMP, text);
+            assert!(e.reason.contains("outside PostgreSQL's range"), "{e}");
+        }
     }
 
     #[test]
     fn timestamptz_offsets() {
-        let utc = 1_704_164_645_123_456;
+        let utc = since_2000(1_704_164_645_123_456);
         assert_eq!(
             parse(TIMESTAMPTZ, "2024-01-02 03:04:05.123456+00"),
             Value::TimestampTz(utc)
@@ -811,12 +852,34 @@ mod tests {
             );
         }
         let bc = "0044-03-15 12:00:00+00 BC";
-        assert_eq!(
-            parse(TIMESTAMPTZ, bc),
-            Value::TimestampTz(-63_517_780_800_000_000)
-        );
-        assert_eq!(format_timestamptz(-63_517_780_800_000_000), bc);
+        let bc_micros = since_2000(-63_517_780_800_000_000);
+        assert_eq!(parse(TIMESTAMPTZ, bc), Value::TimestampTz(bc_micros));
+        assert_eq!(format_timestamptz(bc_micros), bc);
         assert_eq!(parse(TIMESTAMPTZ, "infinity"), Value::TimestampTz(i64::MAX));
+        assert_eq!(
+            parse(TIMESTAMPTZ, "-infinity"),
+            Value::TimestampTz(i64::MIN)
+        );
+        for (text, micros) in [
+            ("294276-12-31 23:59:59.999999+00", TIMESTAMP_END - 1),
+            ("4714-11-24 00:00:00+00 BC", TIMESTAMP_MIN),
+            ("4713-11-24 00:00:00+00 BC", -211_781_865_600_000_000),
+        ] {
+            assert_eq!(
+                parse(TIMESTAMPTZ, text),
+                Value::TimestampTz(micros),
+                "{text}"
+            );
+            assert_eq!(format_timestamptz(micros), text);
+        }
+        // Offsets count: an hour west of the last instant is past the range, an hour east
+        // of it is inside.
+        bad(TIMESTAMPTZ, "294276-12-31 23:59:59.999999-01");
+        assert_eq!(
+            parse(TIMESTAMPTZ, "294276-12-31 23:59:59.999999+01"),
+            Value::TimestampTz(TIMESTAMP_END - 1 - 3_600 * MICROS_PER_SECOND)
+        );
+        bad(TIMESTAMPTZ, "4714-11-24 00:00:00+01 BC");
         for text in [
             "2024-01-02 03:04:05",
             "2024-01-02 03:04:05+0530",

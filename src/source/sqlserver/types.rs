@@ -10,7 +10,8 @@
 //! stop the source at startup, naming the table and column.
 //! Type reference: <https://learn.microsoft.com/sql/t-sql/data-types/data-types-transact-sql>.
 //!
-//! Temporal values become integers counted from the Unix epoch (see [`Value`]); SQL Server's
+//! Temporal values become the change model's integers (see [`Value`]): dates count days from
+//! 1970-01-01, timestamps microseconds from 2000-01-01; SQL Server's
 //! `time(7)`, `datetime2(7)` and `datetimeoffset(7)` carry 100 ns units, which are truncated
 //! to the microsecond. `datetime` ticks are 1/300 s and are rounded to the nearest microsecond.
 //! `datetimeoffset` arrives as UTC plus an offset (TDS sends it so), and becomes a
@@ -25,12 +26,14 @@
 use tiberius::ColumnData;
 
 use super::sql::quote_ident;
-use crate::change::Value;
+use crate::change::{PG_EPOCH_DAYS, Value};
 
-/// Days from 0001-01-01 (the `date`/`datetime2` epoch) to 1970-01-01.
+/// Days from 0001-01-01 (the `date`/`datetime2` epoch) to 1970-01-01, where dates count from.
 const DAYS_0001_TO_1970: i64 = 719_162;
-/// Days from 1900-01-01 (the `datetime`/`smalldatetime` epoch) to 1970-01-01.
-const DAYS_1900_TO_1970: i64 = 25_567;
+/// Days from 0001-01-01 to 2000-01-01, where timestamps count from.
+const DAYS_0001_TO_2000: i64 = DAYS_0001_TO_1970 + PG_EPOCH_DAYS as i64;
+/// Days from 1900-01-01 (the `datetime`/`smalldatetime` epoch) to 2000-01-01.
+const DAYS_1900_TO_2000: i64 = 36_524;
 const MICROS_PER_DAY: i64 = 86_400_000_000;
 
 /// A supported SQL Server column type.
@@ -251,13 +254,13 @@ pub(crate) fn to_value(ty: SqlType, data: &ColumnData<'_>) -> Result<Value, Stri
             // 1/300 s ticks, rounded half up to the microsecond.
             let micros = (i64::from(dt.seconds_fragments()) * 20_000 + 3) / 6;
             Ok(Value::Timestamp(
-                (i64::from(dt.days()) - DAYS_1900_TO_1970) * MICROS_PER_DAY + micros,
+                (i64::from(dt.days()) - DAYS_1900_TO_2000) * MICROS_PER_DAY + micros,
             ))
         }
         ColumnData::SmallDateTime(Some(dt)) if ty == SqlType::SmallDateTime => {
             let minutes = i64::from(dt.seconds_fragments());
             Ok(Value::Timestamp(
-                (i64::from(dt.days()) - DAYS_1900_TO_1970) * MICROS_PER_DAY + minutes * 60_000_000,
+                (i64::from(dt.days()) - DAYS_1900_TO_2000) * MICROS_PER_DAY + minutes * 60_000_000,
             ))
         }
         ColumnData::DateTime2(Some(dt)) if ty == SqlType::DateTime2 => Ok(Value::Timestamp(
@@ -275,9 +278,9 @@ pub(crate) fn to_value(ty: SqlType, data: &ColumnData<'_>) -> Result<Value, Stri
     }
 }
 
-/// Microseconds since 1970-01-01 of a `datetime2` (days since 0001-01-01 and a time).
+/// Microseconds since 2000-01-01 of a `datetime2` (days since 0001-01-01 and a time).
 fn datetime2_micros(days: u32, increments: u64, scale: u8) -> Result<i64, String> {
-    Ok((i64::from(days) - DAYS_0001_TO_1970) * MICROS_PER_DAY
+    Ok((i64::from(days) - DAYS_0001_TO_2000) * MICROS_PER_DAY
         + increments_to_micros(increments, scale)?)
 }
 
@@ -492,7 +495,7 @@ mod tests {
     }
 
     #[test]
-    fn temporal_values_count_from_the_unix_epoch() {
+    fn dates_count_from_1970_and_timestamps_from_2000() {
         // 1970-01-02 is day 719163 after 0001-01-01.
         assert_eq!(
             ok(SqlType::Date, ColumnData::Date(Some(Date::new(719_163)))),
@@ -514,32 +517,52 @@ mod tests {
             ok(SqlType::Time, ColumnData::Time(Some(Time::new(5, 0)))),
             Value::Time(5_000_000)
         );
-        // datetime: 1970-01-01 is day 25567 after 1900-01-01; one tick is 3333.33 µs.
+        // datetime: 2000-01-01 is day 36524 after 1900-01-01; one tick is 3333.33 µs.
         assert_eq!(
             ok(
                 SqlType::DateTime,
-                ColumnData::DateTime(Some(DateTime::new(25_567, 1)))
+                ColumnData::DateTime(Some(DateTime::new(36_524, 1)))
             ),
             Value::Timestamp(3_333)
         );
         assert_eq!(
             ok(
                 SqlType::DateTime,
-                ColumnData::DateTime(Some(DateTime::new(25_566, 2)))
+                ColumnData::DateTime(Some(DateTime::new(36_523, 2)))
             ),
             Value::Timestamp(-MICROS_PER_DAY + 6_667)
+        );
+        // 1970-01-01 is day 25567: PG_EPOCH_MICROS before 2000.
+        assert_eq!(
+            ok(
+                SqlType::DateTime,
+                ColumnData::DateTime(Some(DateTime::new(25_567, 0)))
+            ),
+            Value::Timestamp(-crate::change::PG_EPOCH_MICROS)
         );
         assert_eq!(
             ok(
                 SqlType::SmallDateTime,
-                ColumnData::SmallDateTime(Some(SmallDateTime::new(25_568, 90)))
+                ColumnData::SmallDateTime(Some(SmallDateTime::new(36_525, 90)))
             ),
             Value::Timestamp(MICROS_PER_DAY + 90 * 60_000_000)
         );
-        let dt2 = DateTime2::new(Date::new(719_162), Time::new(15, 1));
+        // datetime2: 2000-01-01 is day 730119 after 0001-01-01.
+        let dt2 = DateTime2::new(Date::new(730_119), Time::new(15, 1));
         assert_eq!(
             ok(SqlType::DateTime2, ColumnData::DateTime2(Some(dt2))),
             Value::Timestamp(1_500_000)
+        );
+        // Its range's ends: 0001-01-01 and 9999-12-31 23:59:59.9999999.
+        let first = DateTime2::new(Date::new(0), Time::new(0, 7));
+        assert_eq!(
+            ok(SqlType::DateTime2, ColumnData::DateTime2(Some(first))),
+            Value::Timestamp(-730_119 * MICROS_PER_DAY)
+        );
+        let last = DateTime2::new(Date::new(3_652_058), Time::new(863_999_999_999, 7));
+        assert_eq!(
+            ok(SqlType::DateTime2, ColumnData::DateTime2(Some(last))),
+            Value::Timestamp(2_921_940 * MICROS_PER_DAY - 1)
         );
         // The datetime2 inside a datetimeoffset is UTC; the offset does not shift it.
         let dto = DateTimeOffset::new(dt2, 120);

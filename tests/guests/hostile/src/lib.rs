@@ -6,13 +6,15 @@
 //! - `bomb`: allocates until memory runs out (the host's memory limit must stop it);
 //! - `trap`: executes `unreachable`;
 //! - `panic`: panics (the panic hook logs the message through the host before aborting);
-//! - `err`: returns `err` for the whole batch;
+//! - `err`: returns `err` for the whole batch (a message of `data` bytes when `data` is set);
 //! - `oversize`: returns each change 10,000 times with a 1 KiB text (over any sane output limit);
 //! - `bad-table`: returns a change referring to a table that does not exist;
 //! - `bad-values`: returns a change with one value too few;
 //! - `bad-position`: returns a change with a position no input had;
 //! - `fanout`: returns every change twice, the copy in table `<name>_copy`;
-//! - `rekey`: adds 1,000,000 to the first key column (int4/int8) in key, old key and values.
+//! - `rekey`: adds 1,000,000 to the first key column (int4/int8) in key, old key and values;
+//! - `unreferenced`: echoes the batch plus `data=N` bytes of output data and `values=N` values
+//!   that no change refers to (the host copies them all the same).
 //!
 //! Config `key=N` limits `loop`, `trap`, `panic`, `bomb` and `reject` to batches holding a change
 //! whose first key value is the integer N; other batches are echoed. `mode=reject` reports a
@@ -31,6 +33,8 @@ use zipline::transform::types::{Change, ChangeError, Column, Span, Table, Value}
 struct Config {
     mode: String,
     key: Option<i64>,
+    data: usize,
+    values: usize,
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
@@ -76,11 +80,21 @@ impl Guest for Component {
             Some(k) => Some(k.parse().map_err(|_| format!("key: not an integer: {k}"))?),
             None => None,
         };
+        let count = |k: &str| match get(k) {
+            Some(n) => n.parse().map_err(|_| format!("{k}: not a count: {n}")),
+            None => Ok(0),
+        };
+        let (data, values) = (count("data")?, count("values")?);
         let mode = get("mode").unwrap_or_else(|| "echo".to_owned());
         if mode == "init-fails" {
             return Err("refusing to start: init-fails mode".to_owned());
         }
-        let _ = CONFIG.set(Config { mode, key });
+        let _ = CONFIG.set(Config {
+            mode,
+            key,
+            data,
+            values,
+        });
         Ok(())
     }
 
@@ -111,7 +125,12 @@ impl Guest for Component {
             }
             "trap" if hit => core::arch::wasm32::unreachable(),
             "panic" if hit => panic!("hostile guest panics on purpose"),
+            "err" if cfg.data > 0 => return Err("e".repeat(cfg.data)),
             "err" => return Err("hostile guest refuses the batch".to_owned()),
+            "unreferenced" => {
+                new_data = vec![b'u'; cfg.data];
+                values.extend(std::iter::repeat_n(Value::Null, cfg.values));
+            }
             "reject" => {
                 let mut kept = Vec::new();
                 for (i, c) in changes.into_iter().enumerate() {
