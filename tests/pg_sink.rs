@@ -674,3 +674,56 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay() {
         .unwrap_or_else(|e| panic!("{}", e.message));
     assert!(connector.dead_letters().await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn a_sink_table_created_again_empty_is_named_and_one_holding_rows_is_not() {
+    use zipline::checkpoint::TableRecord;
+    let pg = server(ORDERS_DDL);
+    let t = orders();
+    let sink = claimed(PostgresConnector::new(options(&pg))).await;
+    sink.check_tables(std::slice::from_ref(&t))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let mut lane = open(&sink, 0, 1).await;
+    lane.apply(&Batch {
+        lane: 0,
+        changes: vec![upsert(&t, pos(100, 1), order_row(1, "x", 1))],
+        ..Batch::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{}", e.message));
+    let record = TableRecord {
+        table: (*t).clone(),
+        relation: 16400,
+        since: pos(100, 1).lsn,
+    };
+    sink.record_table(&record)
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.message));
+    let recreated = || async {
+        sink.recreated_tables()
+            .await
+            .unwrap_or_else(|e| panic!("{}", e.message))
+    };
+    assert!(recreated().await.is_empty(), "the table is as recorded");
+
+    // Created again, holding rows (restored by hand): nothing is missing, and its new
+    // identity is recorded.
+    pg.psql(
+        DB,
+        "CREATE TABLE keep AS SELECT * FROM orders; DROP TABLE orders; \
+         CREATE TABLE orders (LIKE keep INCLUDING ALL); ALTER TABLE orders ADD PRIMARY KEY (id); \
+         INSERT INTO orders SELECT * FROM keep;",
+    );
+    assert!(
+        recreated().await.is_empty(),
+        "a table holding rows is not lost"
+    );
+
+    // Created again empty: the rows applied to it are gone.
+    pg.psql(
+        DB,
+        "DROP TABLE orders; CREATE TABLE orders (LIKE keep INCLUDING ALL);",
+    );
+    assert_eq!(recreated().await, vec!["public.orders".to_owned()]);
+}

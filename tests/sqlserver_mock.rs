@@ -366,6 +366,9 @@ impl SinkConnector for FakeSink {
     ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async { Ok(()) })
     }
+    fn recreated_tables(&self) -> BoxFuture<'_, Result<Vec<String>, SinkError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
     fn forget_table<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async { Ok(()) })
     }

@@ -83,8 +83,9 @@ pub struct RunOptions {
 enum Ended {
     /// Stopped (cleanly, or with an error the caller returns).
     Stopped,
-    /// The source stopped at a table dropped and created again, to be copied again
-    /// (`on_table_recreate: resnapshot`) before the next run.
+    /// A table to copy again (`on_table_recreate: resnapshot`) before the next run: the
+    /// source stopped at it dropped and created again, or its sink table was created again
+    /// empty.
     Recopy { table: String, at: Lsn },
 }
 
@@ -233,6 +234,12 @@ impl Run<'_> {
         )
         .await?;
         let known = tables::known(connectors).await?;
+        if route.transform.is_none()
+            && let Some((table, at)) =
+                tables::emptied(pipeline, route, &options.file, connectors, &known).await?
+        {
+            return Ok(Ended::Recopy { table, at });
+        }
         let transform = match &route.transform {
             None => None,
             Some(spec) => {

@@ -2,7 +2,7 @@
 //! lag, the slot's retained WAL, the confirmed position, retries and rows set aside.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::change::Lsn;
@@ -20,14 +20,10 @@ pub(super) async fn report_progress(
     ticker.tick().await;
     loop {
         ticker.tick().await;
-        let applied: u64 = lanes
-            .iter()
-            .map(|l| l.applied.load(Ordering::Relaxed))
-            .sum();
-        let retries: u64 = lanes
-            .iter()
-            .map(|l| l.retries.load(Ordering::Relaxed))
-            .sum();
+        let sum = |field: fn(&LaneStats) -> &AtomicU64| -> u64 {
+            lanes.iter().map(|l| field(l).load(Ordering::Relaxed)).sum()
+        };
+        let applied = sum(|l| &l.applied);
         let secs = last.elapsed().as_secs_f64().max(1e-3);
         let rate = (applied - last_applied) as f64 / secs;
         tracing::info!(
@@ -37,7 +33,9 @@ pub(super) async fn report_progress(
             lag_ms = source.lag_micros.load(Ordering::Relaxed) / 1000,
             slot_retained_bytes = source.retained_bytes.load(Ordering::Relaxed),
             confirmed = %Lsn::from(source.confirmed.load(Ordering::Relaxed)),
-            retries,
+            retries = sum(|l| &l.retries),
+            dead_lettered = sum(|l| &l.dead_lettered),
+            skipped_bad = sum(|l| &l.skipped_bad),
             "progress"
         );
         last_applied = applied;

@@ -73,6 +73,55 @@ async fn write(sinks: &[Arc<dyn SinkConnector>], record: &TableRecord) {
     tracing::debug!(table = %record.name(), relation = record.relation, since = %record.since, "recorded the table's shape");
 }
 
+fn resnapshots(pipeline: &config::Pipeline, route: &config::Route) -> bool {
+    matches!(
+        pipeline.connector(&route.from).map(|c| &c.kind),
+        Some(config::ConnectorKind::PostgresSource(pg))
+            if pg.on_table_recreate == config::OnTableRecreate::Resnapshot
+    )
+}
+
+/// Sink tables dropped and created again, empty, since the pipeline applied to them (checked
+/// at start, on routes without a transform, whose sink tables are named after the source's):
+/// the first such table to copy again with `on_table_recreate: resnapshot`, else a stop
+/// naming them and the choices.
+pub(super) async fn emptied(
+    pipeline: &config::Pipeline,
+    route: &config::Route,
+    file: &str,
+    sinks: &[Arc<dyn SinkConnector>],
+    known: &[TableRecord],
+) -> Result<Option<(String, Lsn)>, PipelineError> {
+    for sink in sinks {
+        let tables = sink.recreated_tables().await.map_err(sink_error(sink))?;
+        let Some(first) = tables.first() else {
+            continue;
+        };
+        if resnapshots(pipeline, route) {
+            tracing::warn!(sink = sink.name(), table = %first, "the sink table was created again and is empty; copying the table again (on_table_recreate: resnapshot)");
+            let at = known
+                .iter()
+                .find(|r| r.name() == *first)
+                .map_or(Lsn(0), |r| r.since);
+            return Ok(Some((first.clone(), at)));
+        }
+        let message = format!(
+            "the sink table of {} was dropped and created again since Zipline last wrote to \
+             it, and is empty: the rows applied before are gone, and those the source does not \
+             change again would never arrive. To copy it again (and follow it), set \
+             `on_table_recreate: resnapshot` on source {}; or start the whole pipeline over \
+             with `zipline pipeline apply -f {file} --resnapshot`",
+            tables.join(", "),
+            route.from
+        );
+        return Err(PipelineError::Sink {
+            connector: sink.name().to_owned(),
+            error: crate::sink::SinkError::fatal(message),
+        });
+    }
+    Ok(None)
+}
+
 /// What the run loop does after the source stopped at a table change.
 pub(super) enum Next {
     /// Stop with this error.
@@ -124,11 +173,7 @@ pub(super) async fn on_source_error(
             stop(SourceError { message, ..error })
         }
         SourceErrorKind::TableChanged { table, change, at } => {
-            let resnapshot = matches!(
-                pipeline.connector(&route.from).map(|c| &c.kind),
-                Some(config::ConnectorKind::PostgresSource(pg))
-                    if pg.on_table_recreate == config::OnTableRecreate::Resnapshot
-            );
+            let resnapshot = resnapshots(pipeline, route);
             if resnapshot && route.transform.is_none() {
                 tracing::warn!(source = %route.from, table = %table, ?change, "copying the table again (on_table_recreate: resnapshot)");
                 return Next::Recopy { table, at };

@@ -405,6 +405,13 @@ pub trait SinkConnector: Send + Sync {
         record: &'a crate::checkpoint::TableRecord,
     ) -> BoxFuture<'a, Result<(), SinkError>>;
 
+    /// The source tables (`schema.name`) whose sink table was dropped and created again since
+    /// its record was written, and is empty now: the rows applied to it are gone, and those the
+    /// source does not change again would never arrive. A sink table rebuilt by an `ALTER`
+    /// that kept its rows is not one (its new identity is recorded). Meaningful where sink
+    /// tables are named after source tables (routes without a transform).
+    fn recreated_tables(&self) -> BoxFuture<'_, Result<Vec<String>, SinkError>>;
+
     /// Forgets the record of `table` (`schema.name`): the pipeline no longer replicates it.
     fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>>;
 

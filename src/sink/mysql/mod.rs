@@ -426,6 +426,15 @@ impl SinkConnector for MysqlConnector {
         })
     }
 
+    fn recreated_tables(&self) -> BoxFuture<'_, Result<Vec<String>, SinkError>> {
+        Box::pin(async move {
+            let mut conn = self.shared.connect().await?;
+            let result = tables::recreated_empty(&mut conn, &self.shared).await;
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
     fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let mut conn = self.shared.connect().await?;

@@ -390,6 +390,13 @@ impl SinkConnector for PostgresConnector {
         })
     }
 
+    fn recreated_tables(&self) -> BoxFuture<'_, Result<Vec<String>, SinkError>> {
+        Box::pin(async move {
+            let client = self.shared.connect().await?;
+            tables::recreated_empty(&client, &self.shared).await
+        })
+    }
+
     fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let client = self.shared.connect().await?;

@@ -17,7 +17,7 @@ pub(super) fn create_table_sql(schema: &str) -> String {
          connector varchar(128) COLLATE \"C\" NOT NULL, \
          source_table text COLLATE \"C\" NOT NULL, relation bigint NOT NULL, \
          since_lsn numeric(39,0) NOT NULL, columns_json text NOT NULL, \
-         updated_at timestamptz NOT NULL DEFAULT now(), \
+         sink_table_id text, updated_at timestamptz NOT NULL DEFAULT now(), \
          PRIMARY KEY (pipeline, connector, source_table))",
         qualified(schema, TABLES_TABLE)
     )
@@ -25,6 +25,14 @@ pub(super) fn create_table_sql(schema: &str) -> String {
 
 fn table(shared: &Shared) -> String {
     qualified(shared.checkpoint_schema(), TABLES_TABLE)
+}
+
+/// The sink table of source table `schema.name`, quoted.
+fn sink_table(shared: &Shared, source_table: &str) -> String {
+    let (schema, name) = source_table
+        .split_once('.')
+        .unwrap_or(("public", source_table));
+    qualified(shared.options.schema.as_deref().unwrap_or(schema), name)
 }
 
 fn error(shared: &Shared, doing: &str, e: &tokio_postgres::Error) -> SinkError {
@@ -86,11 +94,13 @@ pub(super) async fn record(
     let o = &shared.options;
     let sql = format!(
         "INSERT INTO {} AS t (pipeline, connector, source_table, relation, since_lsn, \
-         columns_json, updated_at) VALUES ($1::text, $2::text, $3::text, $4::int8, \
-         $5::text::numeric, $6::text, clock_timestamp()) \
+         columns_json, sink_table_id, updated_at) VALUES ($1::text, $2::text, $3::text, \
+         $4::int8, $5::text::numeric, $6::text, to_regclass($7::text)::oid::text, \
+         clock_timestamp()) \
          ON CONFLICT (pipeline, connector, source_table) DO UPDATE SET \
          relation = EXCLUDED.relation, since_lsn = EXCLUDED.since_lsn, \
-         columns_json = EXCLUDED.columns_json, updated_at = EXCLUDED.updated_at \
+         columns_json = EXCLUDED.columns_json, sink_table_id = EXCLUDED.sink_table_id, \
+         updated_at = EXCLUDED.updated_at \
          WHERE t.since_lsn <= EXCLUDED.since_lsn",
         table(shared)
     );
@@ -100,6 +110,7 @@ pub(super) async fn record(
         record.since.0.to_string(),
         record.columns_json(),
     );
+    let target = sink_table(shared, &name);
     fenced(
         client,
         shared,
@@ -112,6 +123,7 @@ pub(super) async fn record(
             &relation,
             &since,
             &columns,
+            &target,
         ],
     )
     .await
@@ -137,4 +149,65 @@ pub(super) async fn forget(
         &[&o.pipeline, &o.connector, &table_name],
     )
     .await
+}
+
+/// The source tables whose sink table was dropped and created again (another OID) since its
+/// record was written and is empty now (see `SinkConnector::recreated_tables`); one that kept
+/// rows gets its new identity recorded.
+pub(super) async fn recreated_empty(
+    client: &Client,
+    shared: &Shared,
+) -> Result<Vec<String>, SinkError> {
+    let o = &shared.options;
+    let err =
+        |e: tokio_postgres::Error| error(shared, "comparing sink tables with their records", &e);
+    let rows = client
+        .query(
+            &format!(
+                "SELECT source_table, sink_table_id FROM {} WHERE pipeline = $1::text \
+                 AND connector = $2::text AND sink_table_id IS NOT NULL",
+                table(shared)
+            ),
+            &[&o.pipeline, &o.connector],
+        )
+        .await
+        .map_err(err)?;
+    let mut emptied = Vec::new();
+    for row in rows {
+        let (source_table, recorded): (String, String) = (row.get(0), row.get(1));
+        let target = sink_table(shared, &source_table);
+        let now: Option<String> = client
+            .query_one("SELECT to_regclass($1::text)::oid::text", &[&target])
+            .await
+            .map_err(err)?
+            .get(0);
+        if now.as_deref() == Some(recorded.as_str()) {
+            continue;
+        }
+        let has_rows = now.is_some()
+            && client
+                .query_opt(&format!("SELECT 1 FROM {target} LIMIT 1"), &[])
+                .await
+                .map_err(err)?
+                .is_some();
+        if has_rows {
+            fenced(
+                client,
+                shared,
+                "recording a sink table's identity",
+                &format!(
+                    "UPDATE {} SET sink_table_id = to_regclass($4::text)::oid::text \
+                     WHERE pipeline = $1::text AND connector = $2::text \
+                     AND source_table = $3::text",
+                    table(shared)
+                ),
+                &[&o.pipeline, &o.connector, &source_table, &target],
+            )
+            .await?;
+            tracing::info!(sink = shared.sink(), table = %source_table, "the sink table was created again since Zipline last recorded it and holds rows; going on");
+        } else {
+            emptied.push(source_table);
+        }
+    }
+    Ok(emptied)
 }

@@ -391,9 +391,26 @@ impl Source for PostgresSource {
                     &mut stop,
                 )
                 .await?;
-                if outcome == snapshot::Outcome::Stopped {
+                match outcome {
                     // Dropping the outputs closes the (idle) lanes.
-                    return Ok(());
+                    snapshot::Outcome::Stopped => return Ok(()),
+                    // The copy is durable in every sink: each table is recorded as copied
+                    // (so a table dropped and created again before its first change is
+                    // noticed too).
+                    snapshot::Outcome::Copied => {
+                        for (table, &relation) in this.tables.iter().zip(&this.relations) {
+                            let record = crate::checkpoint::TableRecord {
+                                table: (**table).clone(),
+                                relation,
+                                since: this.slot_lsn,
+                            };
+                            let ledger = &mut outputs.ledger;
+                            ledger.known.retain(|r| r.name() != record.name());
+                            ledger.known.push(record.clone());
+                            let _ = ledger.record.send(record);
+                        }
+                    }
+                    snapshot::Outcome::Continue => {}
                 }
             }
             // Relation messages of REPLICA IDENTITY FULL tables flag every column as key.

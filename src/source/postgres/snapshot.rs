@@ -105,6 +105,8 @@ impl std::fmt::Debug for Exported {
 pub(crate) enum Outcome {
     /// Done (or nothing to do): stream.
     Continue,
+    /// This run copied the tables and recorded the snapshot complete: stream.
+    Copied,
     /// Asked to stop; the chunks loaded so far stay recorded.
     Stopped,
 }
@@ -283,7 +285,7 @@ pub(crate) async fn run(
             tracing::info!(connector = %connector, rows = progress.total_rows(), "snapshot interrupted; the chunks loaded so far are kept and the next start resumes it");
             return Ok(Outcome::Stopped);
         }
-        Outcome::Continue => {}
+        Outcome::Continue | Outcome::Copied => {}
     }
     for (sink, state) in sinks.iter().zip(&states) {
         if pending(state) {
@@ -300,7 +302,7 @@ pub(crate) async fn run(
         rows_per_sec = (rows as f64 / seconds.max(1e-3)).round() as u64,
         "snapshot complete; streaming from the slot's consistent point"
     );
-    Ok(Outcome::Continue)
+    Ok(Outcome::Copied)
 }
 
 /// Copies `tables` again, each chunk from a fresh snapshot, into every sink (a table dropped
@@ -364,7 +366,7 @@ pub(crate) async fn recopy(
     let (result, _) =
         chunks::copy(engine, readers, jobs, progress.clone(), &mut None, stop).await?;
     match result? {
-        Outcome::Continue => Ok(progress.total_rows()),
+        Outcome::Continue | Outcome::Copied => Ok(progress.total_rows()),
         Outcome::Stopped => Err(SourceError::fatal(format!(
             "{connector}: stopped while copying tables again; the next start copies them again"
         ))),
