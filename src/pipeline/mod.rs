@@ -338,7 +338,9 @@ impl Run<'_> {
                     first_error.get_or_insert(PipelineError::Invalid {
                         pipeline: pipeline.name.clone(),
                         message: format!(
-                            "the lanes did not commit what they held within drain_timeout ({:?});                              stopped, confirming only what was durable (the next start replays the                              rest)",
+                            "the lanes did not commit what they held within drain_timeout ({:?}); \
+                             stopped, confirming only what was durable (the next start replays \
+                             the rest)",
                             pipeline.settings.drain_timeout
                         ),
                     });

@@ -52,11 +52,16 @@ pub(crate) fn decide(
     upstream: &Upstream,
     sinks: &[(String, SinkHistory)],
 ) -> Result<Start, String> {
-    if matches!(upstream, Upstream::NoCursor) {
-        return Ok(Start::Resume);
-    }
     let any_applied = sinks.iter().any(|(_, h)| *h == SinkHistory::Applied);
     let any_state = sinks.iter().any(|(_, h)| *h != SinkHistory::Empty);
+    if matches!(upstream, Upstream::NoCursor) {
+        // The sinks' checkpoints are the cursor: forgetting them starts over.
+        return Ok(if cx.forced && any_state {
+            Start::Recreate
+        } else {
+            Start::Resume
+        });
+    }
     if cx.forced {
         let exists = !matches!(upstream, Upstream::Missing);
         return Ok(if exists || any_state {
@@ -150,8 +155,8 @@ pub(crate) async fn establish(
             }
             tracing::warn!(
                 source = cx.source,
-                slot = cx.cursor,
-                "starting over: a new slot, and every table copied again into emptied sink tables"
+                cursor = cx.cursor,
+                "starting over: a new cursor, and every table copied again into emptied sink tables"
             );
             source
                 .reset()
@@ -302,6 +307,15 @@ mod tests {
         assert_eq!(
             decide(&forced, &Upstream::Missing, &sinks(&[Empty])),
             Ok(Start::Create)
+        );
+        // Where the sinks keep the positions, forgetting them starts over.
+        assert_eq!(
+            decide(&forced, &Upstream::NoCursor, &sinks(&[Applied])),
+            Ok(Start::Recreate)
+        );
+        assert_eq!(
+            decide(&forced, &Upstream::NoCursor, &sinks(&[Empty])),
+            Ok(Start::Resume)
         );
     }
 }
