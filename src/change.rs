@@ -183,6 +183,14 @@ pub const PG_EPOCH_DAYS: i32 = 10_957;
 /// format sends.
 pub const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;
 
+/// Now, in microseconds since 2000-01-01 (the clock of commit times and timestamps).
+pub fn now_micros_since_2000() -> i64 {
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    unix - PG_EPOCH_MICROS
+}
+
 /// PostgreSQL's first date, 4714-11-24 BC, as a [`Value::Date`].
 pub const DATE_MIN: i32 = -2_440_588;
 /// PostgreSQL's last date, 5874897-12-31, as a [`Value::Date`].

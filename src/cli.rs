@@ -164,6 +164,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Pipeline(PipelineCommand::Validate(args)) => {
             let pipeline = load(&args)?;
+            config::check_transforms(&pipeline.routes)?;
             println!(
                 "{}: pipeline {} is valid ({} connectors, {} routes)",
                 args.file.display(),
@@ -177,6 +178,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dlq(command) => dlq(command),
         Command::Pipeline(PipelineCommand::Apply(args)) => {
             let pipeline = load(&args.file)?;
+            config::check_transforms(&pipeline.routes)?;
             let options = zipline::pipeline::RunOptions {
                 file: args.file.file.display().to_string(),
                 resnapshot: args.resnapshot,

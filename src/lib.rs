@@ -10,6 +10,8 @@ pub mod config;
 pub mod error;
 pub mod lane;
 pub mod pipeline;
+pub mod retry;
+pub mod runtime;
 pub mod sink;
 pub mod source;
 pub mod transform;

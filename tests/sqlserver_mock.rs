@@ -3,9 +3,11 @@
 //! No SQL Server can run on these machines, so these tests pin what can be pinned without
 //! one: the exact SQL the source sends (the mock answers only registered statement texts),
 //! how it reads the result sets tiberius decodes, and the source's behaviour around them —
-//! preflight errors, streaming a window in commit order with ordinals, recording the durable
-//! frontier in the sinks, draining, reconnecting after a cut connection (through the test
-//! proxy), a retention window that has moved past the frontier, and the initial snapshot.
+//! preflight errors, streaming a window in commit order with ordinals, the durable frontier
+//! following the lanes' acks and idle windows, draining, reconnecting after a cut connection
+//! (through the test proxy), a retention window that has moved past the frontier, the initial
+//! snapshot, and a route's transform. The source runs with the real runtime dispatcher; the
+//! test plays the sink's one lane.
 //!
 //! Limits of the mock (see /work/shared/TESTING.md): it speaks no TLS (so `encrypt: false`),
 //! and returns only int types, nvarchar, (n)varchar(max) and varbinary(max) columns, so LSNs
@@ -16,7 +18,7 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use mssql_mock_tds::{
@@ -26,12 +28,10 @@ use tokio::sync::{mpsc, watch};
 
 use zipline::change::{Change, Lsn, Op, Position, Table, Value};
 use zipline::error::ErrorClass;
-use zipline::lane::{Ack, Router};
-use zipline::sink::{BoxFuture, LaneSink, SinkConnector, SinkError};
-use zipline::source::sqlserver::{
-    SinkLanes, SnapshotMode, SqlServerSource, SqlServerSourceOptions,
-};
-use zipline::source::{Outputs, Source, SourceError, SourceStats, StopMode};
+use zipline::lane::{Ack, LaneReceiver, Router};
+use zipline::runtime::{Dispatcher, RouteStage, Tables, Transformer};
+use zipline::source::sqlserver::{SnapshotMode, SqlServerSource, SqlServerSourceOptions};
+use zipline::source::{Frontier, Source, SourceError, SourceIo, SourceStats, StopMode};
 
 const WHOLE: u32 = u32::MAX;
 const CT_ID: i64 = 1001;
@@ -324,122 +324,75 @@ fn options(port: u16, snapshot: SnapshotMode) -> SqlServerSourceOptions {
     }
 }
 
-/// A sink that reports a fixed durable frontier and records what the source advances.
-#[derive(Clone)]
-struct FakeSink {
-    frontier: Option<Position>,
-    advanced: Arc<Mutex<Vec<Position>>>,
-}
-
-impl SinkConnector for FakeSink {
-    fn name(&self) -> &str {
-        "fake"
-    }
-    fn check_tables<'a>(&'a self, _: &'a [Arc<Table>]) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(async { Ok(()) })
-    }
-    fn open_lane(&self, _: u32, _: u32) -> BoxFuture<'_, Result<Box<dyn LaneSink>, SinkError>> {
-        Box::pin(async { Err(SinkError::fatal("not used")) })
-    }
-    fn durable_frontier(&self, _: u32) -> BoxFuture<'_, Result<Option<Position>, SinkError>> {
-        let f = self.frontier;
-        Box::pin(async move { Ok(f) })
-    }
-    fn advance_frontier(&self, _: u32, frontier: Position) -> BoxFuture<'_, Result<(), SinkError>> {
-        self.advanced.lock().unwrap().push(frontier);
-        Box::pin(async { Ok(()) })
-    }
-    fn history(&self) -> BoxFuture<'_, Result<zipline::sink::SinkHistory, SinkError>> {
-        Box::pin(async { Ok(zipline::sink::SinkHistory::Applied) })
-    }
-    fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        Box::pin(async { Ok(()) })
-    }
-    fn table_records(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<zipline::checkpoint::TableRecord>, SinkError>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-    fn record_table<'a>(
-        &'a self,
-        _: &'a zipline::checkpoint::TableRecord,
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(async { Ok(()) })
-    }
-    fn recreated_tables(&self) -> BoxFuture<'_, Result<Vec<String>, SinkError>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-    fn forget_table<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(async { Ok(()) })
-    }
-    fn alter_column_sql<'a>(&'a self, _: &'a Table, _: &'a str) -> BoxFuture<'a, Option<String>> {
-        Box::pin(async { None })
-    }
-    fn dead_letters(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<zipline::sink::DeadLetterRecord>, SinkError>> {
-        Box::pin(async { Ok(Vec::new()) })
-    }
-    fn claim<'a>(
-        &'a self,
-        _: &'a zipline::checkpoint::Holder,
-        _: Duration,
-    ) -> BoxFuture<'a, Result<Box<dyn zipline::sink::Lease>, SinkError>> {
-        Box::pin(async { Err(SinkError::fatal("not used")) })
-    }
-}
-
-/// A running source with one sink of one lane, the test playing the lane.
+/// A running source and dispatcher with one sink of one lane, the test playing the lane.
 struct Running {
-    changes: mpsc::Receiver<Arc<Change>>,
+    lane: LaneReceiver,
     acks: mpsc::UnboundedSender<Ack>,
     stop: watch::Sender<StopMode>,
     task: tokio::task::JoinHandle<Result<(), SourceError>>,
-    advanced: Arc<Mutex<Vec<Position>>>,
+    dispatcher: tokio::task::JoinHandle<Result<(), zipline::runtime::DispatchError>>,
+    frontier: watch::Receiver<Frontier>,
 }
 
-async fn start(
+/// Starts the source resuming at `resume` (what the sinks' checkpoints would say), its one
+/// route through `transform`.
+async fn start_with(
     opts: SqlServerSourceOptions,
-    frontier: Option<Position>,
+    resume: Option<Position>,
+    transform: Option<Arc<dyn Transformer>>,
 ) -> Result<Running, SourceError> {
-    let advanced = Arc::new(Mutex::new(Vec::new()));
-    let sink = FakeSink {
-        frontier,
-        advanced: advanced.clone(),
-    };
-    let source = SqlServerSource::preflight(
-        opts,
-        vec![SinkLanes {
-            connector: Arc::new(sink),
-            lanes: 1,
-        }],
-    )
-    .await?;
+    let source = SqlServerSource::preflight(opts).await?;
     assert_eq!(source.tables().len(), 1);
     assert_eq!(source.tables()[0].qualified_name(), "dbo.orders");
-    let (tx, rx) = mpsc::channel(64);
+    let (tx, lane) = zipline::lane::queue(64);
     let (ack_tx, ack_rx) = mpsc::unbounded_channel();
     let (stop_tx, stop_rx) = watch::channel(StopMode::Run);
+    let stats = Arc::new(SourceStats::default());
+    let (emitter, events, frontier_tx) =
+        zipline::source::emitter::channel(4, resume.map_or(Lsn(0), |p| p.lsn));
+    let frontier = emitter.watch();
+    let dispatcher = Dispatcher::new(
+        vec![RouteStage {
+            name: "route 1".into(),
+            tables: Tables::All,
+            transform,
+            sinks: vec![0],
+        }],
+        vec![Router::new(vec![tx])],
+        events,
+        ack_rx,
+        frontier_tx,
+        stop_rx.clone(),
+        stats.clone(),
+    );
+    let dispatcher = tokio::spawn(dispatcher.run());
     let task = tokio::spawn(Box::new(source).run(
-        Outputs {
-            routers: vec![Router::new(vec![tx])],
-            acks: ack_rx,
-            transform: None,
+        SourceIo {
+            emitter,
             ledger: zipline::source::Ledger {
                 known: Vec::new(),
                 record: mpsc::unbounded_channel().0,
             },
+            resume,
         },
         stop_rx,
-        Arc::new(SourceStats::default()),
+        stats,
     ));
     Ok(Running {
-        changes: rx,
+        lane,
         acks: ack_tx,
         stop: stop_tx,
         task,
-        advanced,
+        dispatcher,
+        frontier,
     })
+}
+
+async fn start(
+    opts: SqlServerSourceOptions,
+    resume: Option<Position>,
+) -> Result<Running, SourceError> {
+    start_with(opts, resume, None).await
 }
 
 impl Running {
@@ -448,7 +401,7 @@ impl Running {
         let mut out = Vec::new();
         let mut ack = Ack::default();
         while out.len() < n {
-            let c = tokio::time::timeout(Duration::from_secs(20), self.changes.recv())
+            let c = tokio::time::timeout(Duration::from_secs(20), self.lane.recv())
                 .await
                 .expect("a change within 20 s")
                 .expect("the source is running");
@@ -459,31 +412,58 @@ impl Running {
         out
     }
 
-    async fn wait_advanced(&self, to: Position) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            if self.advanced.lock().unwrap().contains(&to) {
-                return;
+    /// Waits until the durable frontier (what the runtime records in the sinks as the whole
+    /// transaction at that LSN) reaches `to`.
+    async fn wait_frontier(&mut self, to: u128) {
+        let want = Lsn(to);
+        tokio::time::timeout(Duration::from_secs(20), async {
+            while self.frontier.borrow_and_update().lsn < want {
+                self.frontier.changed().await.expect("the runtime runs");
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "frontier {to} never recorded; recorded: {:?}",
-                self.advanced.lock().unwrap()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "frontier {want} never reached; it is {}",
+                self.frontier.borrow().lsn
+            )
+        });
+        assert_eq!(
+            self.frontier.borrow().lsn,
+            want,
+            "the frontier went past {want}"
+        );
     }
 
-    /// Asks for a drain and, as the lane, ends: the source returns once the acks channel
-    /// closes.
+    /// Asks for a drain and, as the lane, takes what remains and ends: the source returns
+    /// once the runtime has ended.
     async fn drain(self) -> Result<(), SourceError> {
-        self.stop.send(StopMode::Drain).unwrap();
-        drop(self.changes);
-        drop(self.acks);
-        tokio::time::timeout(Duration::from_secs(20), self.task)
+        let Running {
+            mut lane,
+            acks,
+            stop,
+            task,
+            dispatcher,
+            ..
+        } = self;
+        stop.send(StopMode::Drain).unwrap();
+        let lane = tokio::spawn(async move {
+            let mut ack = Ack::default();
+            while let Some(c) = lane.recv().await {
+                ack.add(c.position.lsn, 1);
+            }
+            let _ = acks.send(ack);
+        });
+        let result = tokio::time::timeout(Duration::from_secs(20), task)
             .await
             .expect("the source stops within 20 s")
-            .expect("source task")
+            .expect("source task");
+        lane.await.expect("the lane");
+        dispatcher
+            .await
+            .expect("dispatcher task")
+            .expect("the dispatcher drains");
+        result
     }
 }
 
@@ -622,13 +602,13 @@ async fn streams_windows_in_commit_order_and_records_the_frontier() {
     // The untouched nvarchar(max) column is NULL in CDC's after-image: kept, not nulled.
     assert_eq!(got[2].values, vec![Value::Int4(3), Value::Unchanged]);
     assert!(got[3].values.is_empty());
-    run.wait_advanced(Position::new(Lsn(0x300), WHOLE)).await;
+    run.wait_frontier(0x300).await;
 
     // An idle marker moves the maximum LSN without changes: the frontier follows it.
     mock.max_lsn(0x380).await;
     mock.window(0x300, 0x380, &[0x380]).await;
     mock.changes(0x301, 0x380, &[]).await;
-    run.wait_advanced(Position::new(Lsn(0x380), WHOLE)).await;
+    run.wait_frontier(0x380).await;
 
     // A second window.
     mock.max_lsn(0x400).await;
@@ -637,7 +617,7 @@ async fn streams_windows_in_commit_order_and_records_the_frontier() {
         .await;
     let got = run.take(1).await;
     assert_eq!(summary(&got[0]), (0x400, 1, Op::Insert, int(9), None));
-    run.wait_advanced(Position::new(Lsn(0x400), WHOLE)).await;
+    run.wait_frontier(0x400).await;
     run.drain().await.unwrap();
 }
 
@@ -656,7 +636,7 @@ async fn resumes_after_a_cut_connection_without_gaps_or_repeats() {
         .unwrap();
     let first = run.take(1).await;
     assert_eq!(first[0].position, Position::new(Lsn(0x200), 1));
-    run.wait_advanced(Position::new(Lsn(0x200), WHOLE)).await;
+    run.wait_frontier(0x200).await;
 
     // Cut the connection, then commit more while the source is away.
     let cuts_before = proxy.connections();
@@ -678,7 +658,7 @@ async fn resumes_after_a_cut_connection_without_gaps_or_repeats() {
         proxy.wait_for_connections(1, Duration::from_secs(5)).await,
         "the source reconnected"
     );
-    run.wait_advanced(Position::new(Lsn(0x300), WHOLE)).await;
+    run.wait_frontier(0x300).await;
     run.drain().await.unwrap();
 }
 
@@ -688,13 +668,14 @@ async fn a_retention_window_past_the_frontier_stops_with_a_clear_error() {
     let mock = Mock::start(0x500).await;
     mock.max_lsn(0x600).await;
     mock.window(0x100, 0x600, &[0x600]).await;
-    let run = start(
+    let mut run = start(
         options(mock.port, SnapshotMode::Initial),
         Some(Position::new(Lsn(0x100), WHOLE)),
     )
     .await
     .unwrap();
-    let err = tokio::time::timeout(Duration::from_secs(20), run.task)
+    let task = std::mem::replace(&mut run.task, tokio::spawn(async { Ok(()) }));
+    let err = tokio::time::timeout(Duration::from_secs(20), task)
         .await
         .expect("the source stops")
         .unwrap()
@@ -710,7 +691,11 @@ async fn a_retention_window_past_the_frontier_stops_with_a_clear_error() {
         "{}",
         err.message
     );
-    assert!(run.advanced.lock().unwrap().is_empty(), "nothing recorded");
+    assert_eq!(
+        run.frontier.borrow().lsn,
+        Lsn(0x100),
+        "the frontier did not move"
+    );
 }
 
 #[tokio::test]
@@ -743,7 +728,7 @@ async fn initial_snapshot_then_stream_after_its_lsn() {
         ]
     );
     assert_eq!(rows[1].values, vec![Value::Int4(2), Value::Null]);
-    run.wait_advanced(Position::new(Lsn(0x200), WHOLE)).await;
+    run.wait_frontier(0x200).await;
 
     mock.max_lsn(0x300).await;
     mock.window(0x200, 0x300, &[0x300]).await;
@@ -806,10 +791,7 @@ async fn a_frontier_inside_a_transaction_resumes_or_retakes_the_snapshot() {
     .await
     .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        run.changes.try_recv().is_err(),
-        "no snapshot at the old LSN"
-    );
+    assert!(run.lane.try_recv().is_err(), "no snapshot at the old LSN");
     mock.max_lsn(0x280).await;
     let got = run.take(1).await;
     assert_eq!(
@@ -825,8 +807,8 @@ async fn a_frontier_inside_a_transaction_resumes_or_retakes_the_snapshot() {
 #[tokio::test]
 async fn mysql_sink_keeps_the_frontier_the_source_resumes_from() {
     use zipline::change::Column;
-    use zipline::sink::Batch;
     use zipline::sink::mysql::{MysqlConnector, MysqlSinkOptions};
+    use zipline::sink::{Batch, SinkConnector};
 
     let my = common::MariaDb::start();
     my.create_database("shop");

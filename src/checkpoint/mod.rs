@@ -18,9 +18,11 @@
 //! second instance of a pipeline from writing.
 
 pub(crate) mod fence;
+pub mod snapshot;
 pub mod tables;
 
 pub use fence::Holder;
+pub use snapshot::{SnapshotChunk, SnapshotState};
 pub use tables::TableRecord;
 
 use crate::change::Position;

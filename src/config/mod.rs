@@ -34,9 +34,11 @@ mod transform;
 
 pub use error::ConfigError;
 pub use model::{
-    Connector, ConnectorKind, MysqlSink, OnTableRecreate, Pipeline, PostgresSink, PostgresSnapshot,
-    PostgresSource, Route, Settings, SinkTuning, SqlServerSnapshot, SqlServerSource,
+    Connector, ConnectorKind, Location, MysqlSink, OnTableRecreate, Pipeline, PostgresSink,
+    PostgresSnapshot, PostgresSource, Route, RouteTable, Settings, SinkTuning, SqlServerSnapshot,
+    SqlServerSource,
 };
+pub use routes::check_transforms;
 pub use secrets::Secret;
 pub use transform::{OnError, TransformLimits, TransformSpec};
 
@@ -299,14 +301,19 @@ routes:
         };
         assert_eq!(sink.database, "orders");
         assert_eq!(sink.host, "127.0.0.1");
+        let [route] = p.routes.as_slice() else {
+            panic!("one route: {:?}", p.routes);
+        };
         assert_eq!(
-            p.routes,
-            [Route {
-                from: "orders-db".into(),
-                to: vec!["mysql-out".into()],
-                transform: None,
-            }]
+            (&route.from, &route.to, &route.tables, &route.transform),
+            (
+                &"orders-db".to_owned(),
+                &vec!["mysql-out".to_owned()],
+                &None,
+                &None
+            )
         );
+        assert!(route.at.ends_with(": routes[0]"), "{}", route.at);
         assert_eq!(p.settings.progress_interval, Duration::from_secs(5));
         let debug = format!("{p:?}");
         assert!(!debug.contains("s3cr3t-pw"), "{debug}");

@@ -288,15 +288,50 @@ pub struct PostgresSink {
     pub tuning: SinkTuning,
 }
 
-/// Changes from one source go to every listed sink.
+/// Changes of some of a source's tables go, through an optional transform, to every listed
+/// sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     /// A source connector's name.
     pub from: String,
-    /// Sink connector names; non-empty, no duplicates.
+    /// Sink connector names; non-empty, no duplicates, none fed by another route.
     pub to: Vec<String>,
     /// The WebAssembly transform changes pass through before the lanes (`transform:`).
     pub transform: Option<super::transform::TransformSpec>,
+    /// The source tables it takes (`tables:`); `None`: every table no other route lists.
+    pub tables: Option<Vec<RouteTable>>,
+    /// Where the route is in the file (`file:line: routes[i]`), for messages.
+    pub at: String,
+    /// Where its transform's `module` and `config` are, for errors found when the module is
+    /// compiled (a step of its own: loading a file never compiles WebAssembly).
+    pub transform_at: Option<(Location, Location)>,
+}
+
+/// A place in the pipeline file, for errors found after loading.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Location {
+    /// The file as named.
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// The field's path, e.g. `routes[0].transform.module`.
+    pub path: String,
+}
+
+impl Location {
+    /// An error at this place.
+    pub fn error(&self, message: impl Into<String>) -> super::ConfigError {
+        super::ConfigError::new(&self.file, self.line, self.path.clone(), message)
+    }
+}
+
+/// A table a route lists, as written (`schema.table` or `table`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteTable {
+    /// The name as written.
+    pub name: String,
+    /// Where it is written (`file:line: routes[i].tables[j]`), for messages.
+    pub at: String,
 }
 
 #[cfg(test)]

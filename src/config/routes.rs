@@ -1,14 +1,19 @@
-//! `routes:` — which sources feed which sinks — and the cross-connector checks.
+//! `routes:` — which of a source's tables go, through which transform, to which sinks — and
+//! the cross-connector checks.
 //!
-//! One route per source for now: a source's changes fan out to every sink in its `to`, so two
-//! routes from one source would only be a second spelling of one route with a longer `to`.
-//! Every connector must be used by some route; an unused one is almost always a typo.
+//! A pipeline reads one source (its slot or cursor is one position), and may split it over
+//! several routes: each lists the tables it takes (`tables:`), or takes every table no other
+//! route lists. A table belongs to one route at most, and a sink to one route: otherwise which
+//! transform a sink's rows went through would depend on the table, and two routes would race
+//! on one sink table. Every connector must be used by some route; an unused one is almost
+//! always a typo. Whether the listed tables exist is known only at start, when the source has
+//! been reached: the messages then point back here (`Route::at`, `RouteTable::at`).
 
 use serde_yaml::Value;
 
 use super::fields::{Ctx, Fields, Result, kind, list, non_empty};
 use super::locate::child_index;
-use super::model::{Connector, Route};
+use super::model::{Connector, Location, Route, RouteTable};
 
 /// Reads and checks `routes` (at `path`) against the already-loaded connectors.
 pub(crate) fn parse_routes(
@@ -25,7 +30,7 @@ pub(crate) fn parse_routes(
     for (i, item) in items.iter().enumerate() {
         let route_path = child_index(path, i);
         let f = Fields::new(ctx, item, &route_path, "a route `{ from, to }`")?;
-        f.deny_unknown(&["from", "to", "transform"])?;
+        f.deny_unknown(&["from", "to", "tables", "transform"])?;
 
         let from = f.required("from", &non_empty)?;
         let from_path = f.field_path("from");
@@ -39,14 +44,15 @@ pub(crate) fn parse_routes(
                 ),
             ));
         }
-        if let Some(j) = routes.iter().position(|r| r.from == from) {
-            let earlier = child_index(path, j);
+        if let Some(first) = routes.first()
+            && first.from != from
+        {
             return Err(ctx.err(
                 &from_path,
                 format!(
-                    "source `{from}` already has a route ({earlier}, line {}); list all its \
-                     sinks in that route's `to`",
-                    ctx.line(&earlier)
+                    "a pipeline reads one source, and routes[0] reads `{}`; run a pipeline per \
+                     source",
+                    first.from
                 ),
             ));
         }
@@ -65,6 +71,36 @@ pub(crate) fn parse_routes(
                 ));
             }
         };
+        for (j, sink) in to.iter().enumerate() {
+            if let Some(k) = routes.iter().position(|r| r.to.contains(sink)) {
+                let earlier = child_index(path, k);
+                return Err(ctx.err(
+                    &child_index(&to_path, j),
+                    format!(
+                        "sink `{sink}` is already fed by {earlier} (line {}); a sink takes one \
+                         route",
+                        ctx.line(&earlier)
+                    ),
+                ));
+            }
+        }
+        let tables = match f.get("tables") {
+            None => None,
+            Some(v) => Some(tables(ctx, v, &f.field_path("tables"), &routes, path)?),
+        };
+        if tables.is_none()
+            && let Some(k) = routes.iter().position(|r| r.tables.is_none())
+        {
+            let earlier = child_index(path, k);
+            return Err(ctx.err(
+                &route_path,
+                format!(
+                    "{earlier} (line {}) already takes every table no route lists; list this \
+                     route's `tables`",
+                    ctx.line(&earlier)
+                ),
+            ));
+        }
         let transform = match f.get("transform") {
             Some(v) => Some(super::transform::parse_transform(
                 ctx,
@@ -75,10 +111,24 @@ pub(crate) fn parse_routes(
             )?),
             None => None,
         };
+        let transform_at = transform.as_ref().map(|_| {
+            let at = |field: &str| {
+                let path = format!("{route_path}.transform.{field}");
+                Location {
+                    file: ctx.file.to_owned(),
+                    line: Some(ctx.line(&path)).filter(|&l| l > 0),
+                    path,
+                }
+            };
+            (at("module"), at("config"))
+        });
         routes.push(Route {
             from,
             to,
             transform,
+            tables,
+            at: format!("{}:{}: {route_path}", ctx.file, ctx.line(&route_path)),
+            transform_at,
         });
     }
 
@@ -96,23 +146,51 @@ pub(crate) fn parse_routes(
             ));
         }
     }
-    // Last, because it compiles and starts each module: every cheaper check has passed.
-    for (i, route) in routes.iter().enumerate() {
-        if let Some(spec) = &route.transform {
-            crate::transform::validate(&route.from, spec).map_err(|(field, message)| {
-                let field = match field {
-                    crate::transform::SpecField::Module => "module",
-                    crate::transform::SpecField::Config if spec.config.is_empty() => "module",
-                    crate::transform::SpecField::Config => "config",
-                };
-                ctx.err(
-                    &format!("{}.transform.{field}", child_index(path, i)),
-                    message,
-                )
-            })?;
-        }
-    }
     Ok(routes)
+}
+
+/// A route's `tables`: at least one name, none twice, none another route lists.
+fn tables(
+    ctx: &Ctx<'_>,
+    value: &Value,
+    path: &str,
+    earlier: &[Route],
+    routes_path: &str,
+) -> Result<Vec<RouteTable>> {
+    let items = list(ctx, path, value)?;
+    if items.is_empty() {
+        return Err(ctx.err(
+            path,
+            "must list at least one table (leave `tables` out to take every table no other \
+             route lists)",
+        ));
+    }
+    let mut out: Vec<RouteTable> = Vec::with_capacity(items.len());
+    for (j, item) in items.iter().enumerate() {
+        let item_path = child_index(path, j);
+        let name = non_empty(ctx, &item_path, item)?;
+        if out.iter().any(|t| t.name == name) {
+            return Err(ctx.err(&item_path, format!("table `{name}` is listed twice")));
+        }
+        for (k, route) in earlier.iter().enumerate() {
+            if route.tables.iter().flatten().any(|t| t.name == name) {
+                let other = child_index(routes_path, k);
+                return Err(ctx.err(
+                    &item_path,
+                    format!(
+                        "table `{name}` is already taken by {other} (line {}); a table takes \
+                         one route",
+                        ctx.line(&other)
+                    ),
+                ));
+            }
+        }
+        out.push(RouteTable {
+            at: format!("{}:{}: {item_path}", ctx.file, ctx.line(&item_path)),
+            name,
+        });
+    }
+    Ok(out)
 }
 
 /// The `to` list: existing sinks, at least one, none twice.
@@ -166,6 +244,26 @@ fn lookup<'c>(
     })
 }
 
+/// Compiles and starts each route's transform once, as a step of its own (loading a file
+/// never compiles WebAssembly); an error points at the route's `transform.module` or
+/// `transform.config`.
+pub fn check_transforms(routes: &[Route]) -> std::result::Result<(), super::ConfigError> {
+    for route in routes {
+        let (Some(spec), Some((module, config))) = (&route.transform, &route.transform_at) else {
+            continue;
+        };
+        crate::transform::validate(&route.from, spec).map_err(|(field, message)| {
+            let at = match field {
+                crate::transform::SpecField::Module => module,
+                crate::transform::SpecField::Config if spec.config.is_empty() => module,
+                crate::transform::SpecField::Config => config,
+            };
+            at.error(message)
+        })?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::{LoadOptions, load_str};
@@ -206,7 +304,6 @@ connectors:
     #[test]
     fn route_errors_are_located() {
         // Routes start at line 21.
-        let ok_tail = "  - from: src2\n    to: [out2]\n";
         let cases: &[(&str, &str)] = &[
             (
                 "routes: []\n",
@@ -241,13 +338,39 @@ connectors:
                 "r.yaml:25: routes[0].to[1]: sink `out` is listed twice",
             ),
             (
+                "routes:\n  - from: src\n    to: [out]\n  - from: src2\n    to: [out2]\n",
+                "r.yaml:24: routes[1].from: a pipeline reads one source, and routes[0] reads \
+                 `src`; run a pipeline per source",
+            ),
+            (
+                "routes:\n  - from: src\n    to: [out]\n  - from: src\n    to: [out2, out]\n",
+                "r.yaml:25: routes[1].to[1]: sink `out` is already fed by routes[0] (line 22); a \
+                 sink takes one route",
+            ),
+            (
                 "routes:\n  - from: src\n    to: [out]\n  - from: src\n    to: [out2]\n",
-                "r.yaml:24: routes[1].from: source `src` already has a route (routes[0], line 22); \
-                 list all its sinks in that route's `to`",
+                "r.yaml:24: routes[1]: routes[0] (line 22) already takes every table no route \
+                 lists; list this route's `tables`",
+            ),
+            (
+                "routes:\n  - from: src\n    tables: [a, b, a]\n    to: [out]\n",
+                "r.yaml:23: routes[0].tables[2]: table `a` is listed twice",
+            ),
+            (
+                "routes:\n  - from: src\n    tables: [a]\n    to: [out]\n  - from: src\n    \
+                 tables: [b, a]\n    to: [out2]\n",
+                "r.yaml:26: routes[1].tables[1]: table `a` is already taken by routes[0] (line \
+                 22); a table takes one route",
+            ),
+            (
+                "routes:\n  - from: src\n    tables: []\n    to: [out]\n",
+                "r.yaml:23: routes[0].tables: must list at least one table (leave `tables` out \
+                 to take every table no other route lists)",
             ),
             (
                 "routes:\n  - from: src\n    to: [out]\n    via: x\n",
-                "r.yaml:24: routes[0].via: unknown field `via`; expected one of: from, to, transform",
+                "r.yaml:24: routes[0].via: unknown field `via`; expected one of: from, to, \
+                 tables, transform",
             ),
             (
                 "routes:\n  - from: src\n    to: [out]\n",
@@ -259,14 +382,27 @@ connectors:
             let got = err(routes);
             assert_eq!(got, *want, "routes: {routes}");
         }
-        // Fan-in (two sources into one sink) is allowed.
+    }
+
+    #[test]
+    fn one_source_splits_over_routes() {
         let opts = LoadOptions {
             secrets_dir: None,
             env: Box::new(|_| None),
         };
-        let text = format!("{CONNECTORS}routes:\n  - from: src\n    to: [out, out2]\n{ok_tail}");
+        let text = format!(
+            "{}routes:\n  - from: src\n    tables: [public.orders]\n    to: [out]\n  - from: src\n    to: [out2]\n",
+            CONNECTORS.replace(
+                "  - name: src2\n    type: source/postgres\n    host: db\n    database: app\n    user: repl\n    publication: pub\n    slot_name: s2\n",
+                ""
+            )
+        );
         let p = load_str("r.yaml", &text, &opts).unwrap();
         assert_eq!(p.routes.len(), 2);
-        assert_eq!(p.routes[0].to, ["out", "out2"]);
+        let tables = p.routes[0].tables.as_ref().expect("listed");
+        assert_eq!(tables[0].name, "public.orders");
+        assert_eq!(tables[0].at, "r.yaml:16: routes[0].tables[0]");
+        assert_eq!(p.routes[1].tables, None);
+        assert_eq!(p.routes[1].at, "r.yaml:18: routes[1]");
     }
 }

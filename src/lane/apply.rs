@@ -95,7 +95,7 @@ pub(super) async fn apply(
         }
         attempt += 1;
         stats.retries.fetch_add(1, Ordering::Relaxed);
-        let delay = super::worker::backoff(attempt);
+        let delay = crate::retry::delay(attempt);
         tracing::warn!(sink = %cfg.sink, attempt, delay_ms = delay.as_millis() as u64, outage_secs = since.elapsed().as_secs(), error = %err, "transient sink error; retrying the batch");
         tokio::time::sleep(delay).await;
         // A failed reconnect counts as the next attempt's failure.

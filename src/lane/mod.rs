@@ -7,11 +7,13 @@
 //! read instead of growing memory.
 
 mod apply;
+mod queue;
 mod router;
 mod settle;
 mod tracker;
 mod worker;
 
+pub use queue::{Closed, Empty, LaneReceiver, LaneSender, Parcel, Reserved, queue};
 pub use router::{Router, is_toast_move, key_hash, lane_of, needs_barrier, plan};
 pub use tracker::{Ack, AckTracker};
-pub use worker::{LaneConfig, LaneError, LaneStats, backoff as backoff_for, run_lane};
+pub use worker::{LaneConfig, LaneError, LaneStats, run_lane};

@@ -4,10 +4,7 @@
 //! change landing on the same lane, whose checkpoint then skips it. So it is FNV-1a over a
 //! tagged encoding of the key, not `std`'s unspecified `DefaultHasher`.
 
-use std::sync::Arc;
-
-use tokio::sync::mpsc;
-
+use super::queue::LaneSender;
 use crate::change::{Change, Value, timestamp_to_unix_micros};
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -89,12 +86,12 @@ pub fn lane_of(schema: &str, table: &str, key: &[Value], lanes: u32) -> u32 {
 /// The senders of one sink's lanes.
 #[derive(Debug, Clone)]
 pub struct Router {
-    lanes: Vec<mpsc::Sender<Arc<Change>>>,
+    lanes: Vec<LaneSender>,
 }
 
 impl Router {
     /// A router over these lane queues (index = lane number).
-    pub fn new(lanes: Vec<mpsc::Sender<Arc<Change>>>) -> Self {
+    pub fn new(lanes: Vec<LaneSender>) -> Self {
         Router { lanes }
     }
 
@@ -104,7 +101,7 @@ impl Router {
     }
 
     /// The queue of lane `lane`.
-    pub fn sender(&self, lane: u32) -> &mpsc::Sender<Arc<Change>> {
+    pub fn sender(&self, lane: u32) -> &LaneSender {
         &self.lanes[lane as usize]
     }
 }

@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::apply::{Conflicts, Work, apply};
+use super::queue::{Empty, LaneReceiver};
 use super::settle::{Parked, Settled, count, settle};
 use super::tracker::Ack;
 use crate::change::{Change, Op};
@@ -67,7 +68,7 @@ pub struct LaneError {
 pub async fn run_lane(
     lane: u32,
     mut sink: Box<dyn LaneSink>,
-    mut queue: mpsc::Receiver<Arc<Change>>,
+    mut queue: LaneReceiver,
     acks: mpsc::UnboundedSender<Ack>,
     cfg: LaneConfig,
     stats: Arc<LaneStats>,
@@ -122,25 +123,17 @@ pub async fn run_lane(
             if batch.len() >= cfg.batch_size {
                 break;
             }
-            match queue.try_recv() {
+            let taken = match queue.try_recv() {
+                Err(Empty::Now) if !batch.is_empty() => queue.recv_until(deadline).await,
+                other => other,
+            };
+            match taken {
                 Ok(change) => next = Some(change),
-                Err(mpsc::error::TryRecvError::Disconnected) => {
+                Err(Empty::Closed) => {
                     open = false;
                     break;
                 }
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    if batch.is_empty() {
-                        break;
-                    }
-                    match tokio::time::timeout_at(deadline, queue.recv()).await {
-                        Ok(Some(change)) => next = Some(change),
-                        Ok(None) => {
-                            open = false;
-                            break;
-                        }
-                        Err(_) => break,
-                    }
-                }
+                Err(Empty::Now) => break,
             }
         }
         lane_state.commit(&mut batch).await.map_err(&fail)?;
@@ -241,26 +234,5 @@ impl LaneState<'_> {
         self.parked.forget_table(&change.table.qualified_name());
         self.ack.add(change.position.lsn, 1);
         Ok(())
-    }
-}
-
-/// Delay before retry number `attempt` (from 1): 100 ms doubling to 5 s, with ±25% jitter so lanes do not retry in lockstep.
-pub fn backoff(attempt: u32) -> Duration {
-    let base = 100u64
-        .saturating_mul(1 << attempt.min(6).saturating_sub(1))
-        .min(5_000);
-    let jitter = rand::random_range(0.75..1.25);
-    Duration::from_millis((base as f64 * jitter) as u64)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_and_caps() {
-        assert!(backoff(1) <= Duration::from_millis(125));
-        assert!(backoff(3) >= Duration::from_millis(300));
-        assert!(backoff(30) <= Duration::from_millis(6_250));
     }
 }

@@ -64,7 +64,7 @@ async fn claim_one(
             Ok(l) => return Ok(l),
             Err(e) if e.class == ErrorClass::Transient && attempt < 10 => {
                 attempt += 1;
-                let delay = crate::lane::backoff_for(attempt);
+                let delay = crate::retry::delay(attempt);
                 tracing::warn!(sink = sink.name(), attempt, delay_ms = delay.as_millis() as u64, error = %e, "cannot claim the sink yet; retrying");
                 tokio::time::sleep(delay).await;
             }

@@ -107,15 +107,15 @@ pub(crate) fn decide(
 }
 
 /// Reads the sinks' histories, decides how to start, and prepares that start: on a start
-/// over, drops the cursor and empties what the sinks hold (`tables`, unless a transform
-/// decides the sink tables); on a first start without a snapshot, records in each sink that
-/// the pipeline starts here (so a later start can tell lost sink state from a first one).
+/// over, drops the cursor and empties what the sinks hold (per sink, `tables`: the source
+/// tables it takes, `None` where its route's transform decides the sink tables); on a first
+/// start without a snapshot, records in each sink that the pipeline starts here (so a later
+/// start can tell lost sink state from a first one).
 pub(crate) async fn establish(
     cx: &Context<'_>,
     source: &mut dyn Source,
     sinks: &[Arc<dyn SinkConnector>],
-    tables: &[Arc<Table>],
-    transformed: bool,
+    tables: &[Option<Vec<Arc<Table>>>],
 ) -> Result<Start, PipelineError> {
     let sink_err = |sink: &Arc<dyn SinkConnector>| {
         let connector = sink.name().to_owned();
@@ -165,15 +165,16 @@ pub(crate) async fn establish(
                     connector: cx.source.to_owned(),
                     error,
                 })?;
-            for (sink, (_, history)) in sinks.iter().zip(&histories) {
+            for ((sink, (_, history)), tables) in sinks.iter().zip(&histories).zip(tables) {
                 if *history == SinkHistory::Applied {
-                    if transformed {
-                        tracing::warn!(
+                    match tables {
+                        None => tracing::warn!(
                             sink = sink.name(),
                             "the route's transform decides the sink tables, so Zipline cannot empty them: rows the source deleted since may remain"
-                        );
-                    } else {
-                        sink.snapshot_clear(tables).await.map_err(sink_err(sink))?;
+                        ),
+                        Some(tables) => {
+                            sink.snapshot_clear(tables).await.map_err(sink_err(sink))?;
+                        }
                     }
                 }
                 sink.reset_checkpoints().await.map_err(sink_err(sink))?;

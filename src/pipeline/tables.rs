@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::plan::Plan;
 use super::{PipelineError, wiring};
 use crate::change::Lsn;
 use crate::checkpoint::TableRecord;
@@ -61,7 +62,7 @@ async fn write(sinks: &[Arc<dyn SinkConnector>], record: &TableRecord) {
                 Ok(()) => break,
                 Err(e) if e.class == ErrorClass::Transient && attempt < 5 => {
                     attempt += 1;
-                    tokio::time::sleep(crate::lane::backoff_for(attempt)).await;
+                    tokio::time::sleep(crate::retry::delay(attempt)).await;
                 }
                 Err(e) => {
                     tracing::warn!(sink = sink.name(), table = %record.name(), error = %e, "could not record the table's shape");
@@ -73,31 +74,34 @@ async fn write(sinks: &[Arc<dyn SinkConnector>], record: &TableRecord) {
     tracing::debug!(table = %record.name(), relation = record.relation, since = %record.since, "recorded the table's shape");
 }
 
-fn resnapshots(pipeline: &config::Pipeline, route: &config::Route) -> bool {
+fn resnapshots(pipeline: &config::Pipeline, source: &str) -> bool {
     matches!(
-        pipeline.connector(&route.from).map(|c| &c.kind),
+        pipeline.connector(source).map(|c| &c.kind),
         Some(config::ConnectorKind::PostgresSource(pg))
             if pg.on_table_recreate == config::OnTableRecreate::Resnapshot
     )
 }
 
 /// Sink tables dropped and created again, empty, since the pipeline applied to them (checked
-/// at start, on routes without a transform, whose sink tables are named after the source's):
-/// the first such table to copy again with `on_table_recreate: resnapshot`, else a stop
-/// naming them and the choices.
+/// at start, for sinks of routes without a transform, whose sink tables are named after the
+/// source's): the first such table to copy again with `on_table_recreate: resnapshot`, else a
+/// stop naming them and the choices.
 pub(super) async fn emptied(
     pipeline: &config::Pipeline,
-    route: &config::Route,
+    plan: &Plan,
     file: &str,
     sinks: &[Arc<dyn SinkConnector>],
     known: &[TableRecord],
 ) -> Result<Option<(String, Lsn)>, PipelineError> {
-    for sink in sinks {
+    for (s, sink) in sinks.iter().enumerate() {
+        if plan.transformed(s) {
+            continue;
+        }
         let tables = sink.recreated_tables().await.map_err(sink_error(sink))?;
         let Some(first) = tables.first() else {
             continue;
         };
-        if resnapshots(pipeline, route) {
+        if resnapshots(pipeline, &plan.source) {
             tracing::warn!(sink = sink.name(), table = %first, "the sink table was created again and is empty; copying the table again (on_table_recreate: resnapshot)");
             let at = known
                 .iter()
@@ -112,7 +116,7 @@ pub(super) async fn emptied(
              `on_table_recreate: resnapshot` on source {}; or start the whole pipeline over \
              with `zipline pipeline apply -f {file} --resnapshot`",
             tables.join(", "),
-            route.from
+            plan.source
         );
         return Err(PipelineError::Sink {
             connector: sink.name().to_owned(),
@@ -133,12 +137,12 @@ pub(super) enum Next {
 /// Turns a source error that is a table change into what comes next; other errors pass.
 pub(super) async fn on_source_error(
     pipeline: &config::Pipeline,
-    route: &config::Route,
+    plan: &Plan,
     file: &str,
     sinks: &[Arc<dyn SinkConnector>],
     error: SourceError,
 ) -> Next {
-    let connector = route.from.clone();
+    let connector = plan.source.clone();
     let stop = |error| {
         Next::Stop(PipelineError::Source {
             connector: connector.clone(),
@@ -151,17 +155,20 @@ pub(super) async fn on_source_error(
             // The operator alters the sink column next; the next start goes on from here.
             write(sinks, &record).await;
             let mut hints = Vec::new();
-            if route.transform.is_some() {
-                hints.push(format!(
-                    "the route's transform decides the sink tables: alter the column that \
-                     holds {}.{column} there",
-                    record.name()
-                ));
-            } else {
-                for sink in sinks {
-                    if let Some(sql) = sink.alter_column_sql(&record.table, &column).await {
-                        hints.push(format!("in sink {}: {sql}", sink.name()));
-                    }
+            let route = plan.route_for(&record.name());
+            for (s, sink) in sinks.iter().enumerate() {
+                if Some(plan.route_of[s]) != route {
+                    continue;
+                }
+                if plan.transformed(s) {
+                    hints.push(format!(
+                        "in sink {}: the route's transform decides the sink tables: alter the \
+                         column that holds {}.{column} there",
+                        sink.name(),
+                        record.name()
+                    ));
+                } else if let Some(sql) = sink.alter_column_sql(&record.table, &column).await {
+                    hints.push(format!("in sink {}: {sql}", sink.name()));
                 }
             }
             let message = format!(
@@ -173,12 +180,15 @@ pub(super) async fn on_source_error(
             stop(SourceError { message, ..error })
         }
         SourceErrorKind::TableChanged { table, change, at } => {
-            let resnapshot = resnapshots(pipeline, route);
-            if resnapshot && route.transform.is_none() {
-                tracing::warn!(source = %route.from, table = %table, ?change, "copying the table again (on_table_recreate: resnapshot)");
+            let resnapshot = resnapshots(pipeline, &plan.source);
+            let transformed = plan
+                .route_for(&table)
+                .is_some_and(|r| plan.routes[r].transform.is_some());
+            if resnapshot && !transformed {
+                tracing::warn!(source = %plan.source, table = %table, ?change, "copying the table again (on_table_recreate: resnapshot)");
                 return Next::Recopy { table, at };
             }
-            let choices = if route.transform.is_some() && resnapshot {
+            let choices = if transformed && resnapshot {
                 "on_table_recreate: resnapshot cannot empty its sink tables, which the route's \
                  transform decides: empty them yourself, then run `zipline pipeline apply -f \
                  FILE --resnapshot`"
@@ -197,7 +207,7 @@ pub(super) async fn on_source_error(
                      take it out of the publication (or `tables:`) and run `zipline pipeline \
                      apply -f {file} --forget-table {table}` once (its sink table is left as \
                      it is)",
-                    route.from
+                    plan.source
                 )
             };
             let message = format!("{}. {choices}", error.message);
@@ -211,17 +221,19 @@ pub(super) async fn on_source_error(
 /// the table's sink tables emptied, the copy, then its record, so the next run follows it.
 pub(super) async fn recopy(
     pipeline: &config::Pipeline,
-    route: &config::Route,
-    sinks: &[Arc<dyn SinkConnector>],
+    plan: &Plan,
     table: &str,
     at: Lsn,
 ) -> Result<(), PipelineError> {
     let source_err = |error| PipelineError::Source {
-        connector: route.from.clone(),
+        connector: plan.source.clone(),
         error,
     };
-    let mut source: Box<dyn Source> =
-        wiring::preflight_source(pipeline, &route.from, sinks).await?;
+    let sinks = plan.connectors();
+    // Only routes without a transform copy a table again: the copy needs none.
+    let transforms = vec![None; plan.routes.len()];
+    let (mut source, _): (Box<dyn Source>, _) =
+        wiring::preflight_source(pipeline, plan, &transforms).await?;
     source.prepare().await.map_err(source_err)?;
     let Some(shape) = source
         .tables()
@@ -235,10 +247,13 @@ pub(super) async fn recopy(
              `--forget-table {table}`"
         ))));
     };
-    for sink in sinks {
-        sink.snapshot_clear(std::slice::from_ref(&shape))
-            .await
-            .map_err(sink_error(sink))?;
+    let route = plan.route_for(table);
+    for (s, sink) in sinks.iter().enumerate() {
+        if Some(plan.route_of[s]) == route {
+            sink.snapshot_clear(std::slice::from_ref(&shape))
+                .await
+                .map_err(sink_error(sink))?;
+        }
     }
     let records = source
         .recopy(&[table.to_owned()])
@@ -246,7 +261,7 @@ pub(super) async fn recopy(
         .map_err(source_err)?;
     for mut record in records {
         record.since = at;
-        write(sinks, &record).await;
+        write(&sinks, &record).await;
     }
     tracing::info!(
         table,

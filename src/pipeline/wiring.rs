@@ -1,33 +1,28 @@
-//! From the configuration to connector instances: each sink once (shared by its lanes, the
-//! snapshot and a source that asks the sinks where to resume), and the route's source after
-//! its read-only preflight.
+//! From the configuration to connector instances: each sink once (shared by its lanes and
+//! the snapshot writer), and the source after its read-only preflight, with each route's
+//! tables resolved against what it streams.
 
 use std::sync::Arc;
 
-use super::{PipelineError, SinkPlan};
+use super::PipelineError;
+use super::plan::{Plan, SinkPlan};
 use crate::config::{self, ConnectorKind};
 use crate::lane::LaneConfig;
+use crate::runtime::{SinkSnapshots, Tables, Target, Transformer};
 use crate::sink::SinkConnector;
 use crate::sink::mysql::{MysqlConnector, MysqlSinkOptions};
 use crate::source::Source;
 use crate::source::postgres::{PostgresSource, PostgresSourceOptions};
 
-/// Build the route's source and run its read-only preflight.
+/// Builds the source and runs its read-only preflight; resolves each route's tables against
+/// the tables it streams. A source that takes a snapshot gets a writer into the plan's sinks
+/// (through each route's transform, `transforms` in route order).
 pub(super) async fn preflight_source(
     pipeline: &config::Pipeline,
-    name: &str,
-    connectors: &[Arc<dyn SinkConnector>],
-) -> Result<Box<dyn Source>, PipelineError> {
-    let shared = |to: &str| -> Result<Arc<dyn SinkConnector>, PipelineError> {
-        connectors
-            .iter()
-            .find(|c| c.name() == to)
-            .cloned()
-            .ok_or_else(|| PipelineError::Invalid {
-                pipeline: pipeline.name.clone(),
-                message: format!("route target {to} is not a sink connector"),
-            })
-    };
+    plan: &Plan,
+    transforms: &[Option<Arc<dyn Transformer>>],
+) -> Result<(Box<dyn Source>, Vec<Tables>), PipelineError> {
+    let name = plan.source.as_str();
     let source_err = |error| PipelineError::Source {
         connector: name.to_owned(),
         error,
@@ -58,39 +53,28 @@ pub(super) async fn preflight_source(
                 }),
             };
             let mut source = PostgresSource::preflight(opts).await.map_err(source_err)?;
+            let tables = plan.tables(&pipeline.name, source.tables())?;
             if pg.snapshot != config::PostgresSnapshot::Never {
-                // The snapshot records its progress in, and writes rows to, the route's sinks
-                // (connector instances of its own).
-                let mut sinks = Vec::new();
-                let mut transformed = false;
-                for route in pipeline.routes.iter().filter(|r| r.from == name) {
-                    transformed |= route.transform.is_some();
-                    for to in &route.to {
-                        sinks.push(shared(to)?);
-                    }
-                }
+                let targets = plan
+                    .sinks
+                    .iter()
+                    .enumerate()
+                    .map(|(s, sink)| Target {
+                        sink: Arc::clone(&sink.connector),
+                        tables: tables[plan.route_of[s]].clone(),
+                        transform: transforms[plan.route_of[s]].clone(),
+                    })
+                    .collect();
                 source = source.with_snapshot(crate::source::postgres::PostgresSnapshotOptions {
                     parallelism: pg.snapshot_parallelism,
                     chunk_rows: pg.snapshot_chunk_rows,
                     progress_interval: pipeline.settings.progress_interval,
-                    sinks,
-                    transformed,
+                    writer: Arc::new(SinkSnapshots::new(name, targets)),
                 });
             }
-            Ok(Box::new(source))
+            Ok((Box::new(source), tables))
         }
         Some(ConnectorKind::SqlServerSource(ms)) => {
-            // SQL Server keeps no reader position, so the source asks the route's sinks
-            // where to resume and tells them what is durable (own connector instances).
-            let mut sinks = Vec::new();
-            for route in pipeline.routes.iter().filter(|r| r.from == name) {
-                for to in &route.to {
-                    sinks.push(crate::source::sqlserver::SinkLanes {
-                        connector: shared(to)?,
-                        lanes: sink_plan(pipeline, to)?.lanes,
-                    });
-                }
-            }
             let opts = crate::source::sqlserver::SqlServerSourceOptions {
                 connector: name.to_owned(),
                 host: ms.host.clone(),
@@ -113,10 +97,11 @@ pub(super) async fn preflight_source(
                 connect_timeout: ms.connect_timeout,
                 connect_retries: ms.connect_retries,
             };
-            let source = crate::source::sqlserver::SqlServerSource::preflight(opts, sinks)
+            let source = crate::source::sqlserver::SqlServerSource::preflight(opts)
                 .await
                 .map_err(source_err)?;
-            Ok(Box::new(source))
+            let tables = plan.tables(&pipeline.name, source.tables())?;
+            Ok((Box::new(source), tables))
         }
         _ => Err(PipelineError::Invalid {
             pipeline: pipeline.name.clone(),

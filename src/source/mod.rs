@@ -1,25 +1,30 @@
 //! Sources of changes, and the contract every source keeps.
 //!
-//! A source emits changes in commit order, each stamped with a deterministic [`Position`]
-//! (the same change replayed after a restart carries the same position), and hands them to
-//! the lane routers in [`Outputs`]. It may tell its upstream that a position is consumed only
-//! when the [`AckTracker`](crate::lane::AckTracker) says it is durable in every sink.
+//! A source produces and nothing more: it emits changes in commit order, transaction by
+//! transaction, each stamped with a deterministic [`Position`] (the same change replayed
+//! after a restart carries the same position), into its [`Emitter`], and is handed back the
+//! durable frontier, which is all it may confirm upstream. It never sees lanes, routers, the
+//! ack tracker or sink connectors: the runtime ([`crate::runtime`]) owns those. A snapshot's
+//! chunks go to a [`snapshot::SnapshotWriter`] the runtime provides.
 //!
 //! [`Position`]: crate::change::Position
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 
+use futures_util::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
 
-use crate::change::Table;
+use crate::change::{Position, Table};
 use crate::checkpoint::TableRecord;
 use crate::error::{Classify, ErrorClass};
-use crate::lane::{Ack, Router};
-use crate::sink::BoxFuture;
 
+pub mod emitter;
 pub mod postgres;
+pub mod snapshot;
 pub mod sqlserver;
+
+pub use emitter::{Emitter, Event, Frontier};
 
 /// An error from the source, classified by what the runtime does next.
 #[derive(Debug, thiserror::Error)]
@@ -126,18 +131,17 @@ pub struct Ledger {
     pub record: mpsc::UnboundedSender<TableRecord>,
 }
 
-/// Where the source sends changes, and where acks come back.
+/// What a running source works with besides its own connections.
 #[derive(Debug)]
-pub struct Outputs {
-    /// One router per sink; every change goes to each.
-    pub routers: Vec<Router>,
-    /// Acks from every lane of every sink. Closes when all lanes have finished.
-    pub acks: mpsc::UnboundedReceiver<Ack>,
-    /// The route's transform: changes pass through it before routing (lanes are chosen on
-    /// the transformed key). `None` when the route has none.
-    pub transform: Option<crate::transform::RouteTransform>,
+pub struct SourceIo {
+    /// Where its events go, and the frontier comes back.
+    pub emitter: Emitter,
     /// The tables applied before, and where new shapes are recorded.
     pub ledger: Ledger,
+    /// For a source without an upstream cursor ([`Upstream::NoCursor`]): the position every
+    /// lane of every sink has made durable, where it resumes; `None` when some lane holds
+    /// none (nothing durable: start from the beginning, with a snapshot).
+    pub resume: Option<Position>,
 }
 
 /// Counters for the progress report.
@@ -187,10 +191,12 @@ impl Default for SourceStats {
 /// A configured source, after a read-only preflight (reachable, permitted, tables known).
 ///
 /// Contract: `prepare` may create what the source owns upstream (a publication and a slot)
-/// and is called only after every sink accepted [`Source::tables`]. `run` streams into
-/// `outputs` until `stop` asks it to, and acknowledges upstream only the durable frontier;
-/// with [`StopMode::Drain`] it stops reading, closes the lane queues by dropping the routers,
-/// waits for the lanes' last acks and confirms them before returning `Ok`.
+/// and is called only after every sink accepted [`Source::tables`]. `run` emits into
+/// `io.emitter` until `stop` asks it to stop, and confirms upstream only the durable frontier
+/// the emitter hands back. With [`StopMode::Drain`] it stops reading, closes its emitter
+/// (the runtime lets every lane commit what it holds), keeps serving its upstream until the
+/// last frontier arrives, confirms it and returns `Ok`. With [`StopMode::Abort`], or when the
+/// emitter reports the runtime gone, it confirms what is durable and returns at once.
 pub trait Source: Send {
     /// The connector's name from the pipeline file.
     fn name(&self) -> &str;
@@ -217,7 +223,7 @@ pub trait Source: Send {
     /// Stream until stopped or a non-retryable error.
     fn run(
         self: Box<Self>,
-        outputs: Outputs,
+        io: SourceIo,
         stop: watch::Receiver<StopMode>,
         stats: Arc<SourceStats>,
     ) -> BoxFuture<'static, Result<(), SourceError>>;

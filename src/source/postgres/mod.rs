@@ -19,8 +19,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::change::{Lsn, Table};
-use crate::sink::{BoxFuture, SinkConnector};
-use crate::source::{Outputs, Source, SourceError, SourceStats, StopMode};
+use crate::source::snapshot::SnapshotWriter;
+use crate::source::{Source, SourceError, SourceIo, SourceStats, StopMode};
+use futures_util::future::BoxFuture;
 
 /// What the source needs to know; built from the pipeline file.
 #[derive(Clone)]
@@ -86,11 +87,8 @@ pub struct PostgresSnapshotOptions {
     pub chunk_rows: u64,
     /// Period of the progress log lines.
     pub progress_interval: Duration,
-    /// The route's sinks, as connector instances of the source's own: they record the
-    /// snapshot's progress and take its rows.
-    pub sinks: Vec<Arc<dyn SinkConnector>>,
-    /// The route has a transform (sink tables are then not the source tables).
-    pub transformed: bool,
+    /// Where the chunks go (the runtime writes them through the sinks' snapshot targets).
+    pub writer: Arc<dyn SnapshotWriter>,
 }
 
 impl std::fmt::Debug for PostgresSnapshotOptions {
@@ -98,10 +96,7 @@ impl std::fmt::Debug for PostgresSnapshotOptions {
         f.debug_struct("PostgresSnapshotOptions")
             .field("parallelism", &self.parallelism)
             .field("chunk_rows", &self.chunk_rows)
-            .field(
-                "sinks",
-                &self.sinks.iter().map(|s| s.name()).collect::<Vec<_>>(),
-            )
+            .field("targets", &self.writer.targets())
             .finish_non_exhaustive()
     }
 }
@@ -189,8 +184,7 @@ impl PostgresSource {
             parallelism: options.parallelism,
             chunk_rows: options.chunk_rows,
             progress_interval: options.progress_interval,
-            sinks: options.sinks,
-            transformed: options.transformed,
+            writer: options.writer,
         });
         self
     }
@@ -368,14 +362,14 @@ impl Source for PostgresSource {
 
     fn run(
         self: Box<Self>,
-        outputs: Outputs,
+        io: SourceIo,
         stop: tokio::sync::watch::Receiver<StopMode>,
         stats: Arc<SourceStats>,
     ) -> BoxFuture<'static, Result<(), SourceError>> {
         Box::pin(async move {
             let params = Self::connect_params(&self.opts);
             let mut this = *self;
-            let (mut outputs, mut stop) = (outputs, stop);
+            let (mut io, mut stop) = (io, stop);
             if let Some(setup) = this.snapshot.take() {
                 let cx = snapshot::Context {
                     opts: &this.opts,
@@ -383,16 +377,8 @@ impl Source for PostgresSource {
                     tables: &this.tables,
                     lsn: this.slot_lsn,
                 };
-                let outcome = snapshot::run(
-                    cx,
-                    setup,
-                    this.exported.take(),
-                    &mut outputs.transform,
-                    &mut stop,
-                )
-                .await?;
+                let outcome = snapshot::run(cx, setup, this.exported.take(), &mut stop).await?;
                 match outcome {
-                    // Dropping the outputs closes the (idle) lanes.
                     snapshot::Outcome::Stopped => return Ok(()),
                     // The copy is durable in every sink: each table is recorded as copied
                     // (so a table dropped and created again before its first change is
@@ -404,7 +390,7 @@ impl Source for PostgresSource {
                                 relation,
                                 since: this.slot_lsn,
                             };
-                            let ledger = &mut outputs.ledger;
+                            let ledger = &mut io.ledger;
                             ledger.known.retain(|r| r.name() != record.name());
                             ledger.known.push(record.clone());
                             let _ = ledger.record.send(record);
@@ -429,7 +415,7 @@ impl Source for PostgresSource {
                 .map(|(t, oid)| (t.qualified_name(), *oid))
                 .collect();
             let events = Arc::new(std::sync::Mutex::new(catalog_events(
-                &outputs.ledger.known,
+                &io.ledger.known,
                 &published,
                 this.started_at,
             )));
@@ -446,16 +432,12 @@ impl Source for PostgresSource {
                 },
                 Arc::clone(&stats),
             );
-            let result = replication::run(
-                &this.opts,
-                Arc::new(keys),
-                params,
-                outputs,
-                stop,
-                stats,
+            let start = replication::Start {
+                keys: Arc::new(keys),
                 events,
-            )
-            .await;
+                slot_lsn: this.slot_lsn,
+            };
+            let result = replication::run(&this.opts, params, start, io, stop, stats).await;
             monitor.abort();
             result
         })

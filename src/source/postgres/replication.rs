@@ -1,5 +1,5 @@
-//! The streaming loop: START_REPLICATION → pgoutput messages → changes dispatched to lanes,
-//! acks in, standby status updates out.
+//! The streaming loop: START_REPLICATION → pgoutput messages → events into the emitter;
+//! the durable frontier back out as standby status updates.
 //!
 //! Message flow per transaction (protocol version 1, no streaming of in-progress transactions):
 //! Begin (commit LSN, commit time) → Relation (before first use of a table on this connection,
@@ -7,37 +7,34 @@
 //! Type, Origin and Message are passed over. See
 //! <https://www.postgresql.org/docs/15/protocol-logicalrep-message-formats.html>.
 //!
-//! The flush LSN we report is the ack tracker's frontier: the end LSN of the last transaction
-//! every copy of which is committed in its sink. After a reconnect the server resends from the
-//! slot's confirmed position; lanes skip what their checkpoints already cover.
+//! The flush LSN we report is the runtime's durable frontier: the end LSN of the last
+//! transaction every copy of which is committed in its sink. After a reconnect the server
+//! resends from the slot's confirmed position; lanes skip what their checkpoints already cover.
 //!
-//! While a lane queue is full we stop reading the socket (that is the back-pressure), but keep
-//! processing acks and sending status updates, or the walsender would time us out after
+//! While the emitter has no room we stop reading the socket (that is the back-pressure), but
+//! keep sending status updates with the frontier, or the walsender would time us out after
 //! `wal_sender_timeout` (<https://www.postgresql.org/docs/15/runtime-config-replication.html>).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::conn::{ConnError, ConnectParams, ReplMessage, ReplicationConn, ReplicationStream};
 use super::pgoutput::{self, KeyHints, Known, PgOutput, Relations};
 use super::spill::Spill;
 use super::{PostgresSourceOptions, quote_ident, quote_literal};
-use crate::change::{Lsn, Position};
+use crate::change::{Change, Lsn, Position};
 use crate::error::{Classify, ErrorClass};
-use crate::lane::AckTracker;
-use crate::source::{Outputs, SourceError, SourceStats, StopMode};
+use crate::source::emitter::{Emitter, Event, Frontier};
+use crate::source::{SourceError, SourceIo, SourceStats, StopMode};
 
-mod dispatch;
 mod feedback;
-mod staged;
 pub(crate) mod tables;
 
-use self::dispatch::{barrier_send, send_change, wait_idle};
-use self::feedback::{drain_acks, maybe_report, on_stop, report, watchdog};
+use self::feedback::{emit, maybe_report, on_stop, report, watchdog};
 use self::tables::stop_at;
 
 /// Reconnect attempts in a row before a lost stream becomes fatal (≈5 minutes of backoff).
@@ -50,20 +47,23 @@ const FRONTIER_REPORT_EVERY: Duration = Duration::from_millis(100);
 
 struct State<'a> {
     opts: &'a PostgresSourceOptions,
-    outputs: Outputs,
+    emitter: Emitter,
+    /// The frontier as this loop last looked at it (a receiver of its own, so waiting on it
+    /// does not borrow the emitter).
+    frontier: watch::Receiver<Frontier>,
     stop: watch::Receiver<StopMode>,
     stats: Arc<SourceStats>,
-    tracker: AckTracker,
     relations: Relations,
     tx: Option<OpenTx>,
     received: Lsn,
+    /// End of the last transaction emitted: what the frontier reaches once everything
+    /// emitted is durable.
+    committed: Lsn,
     reported: Lsn,
     last_report: Instant,
     ticker: tokio::time::Interval,
     /// When the socket last gave us a message (or we last came back to reading it).
     last_heard: Instant,
-    /// Changes and markers waiting for the route's transform (see `staged`).
-    staged: staged::Staged,
     /// Transactions the server streams before they commit (protocol version 2).
     spill: Spill,
     /// The top-level xid of the stream block being received, between Stream Start and Stop.
@@ -79,15 +79,13 @@ struct OpenTx {
     ordinal: u32,
 }
 
-enum Event {
+enum Wake {
     Stop,
-    Acks,
+    Frontier,
     Tick,
     Msg(Result<ReplMessage, ConnError>),
-    /// The socket has nothing to read right now: hand what is staged to the transform.
-    Quiet,
-    /// The transform returned the batch in flight.
-    Transformed(staged::Outputs),
+    /// The socket has nothing to read right now, or the parcel is full: room to hand over.
+    Room(Result<mpsc::OwnedPermit<Vec<Event>>, crate::source::emitter::Gone>),
 }
 
 enum Flow {
@@ -95,16 +93,36 @@ enum Flow {
     Stopped,
 }
 
+/// What the streaming loop starts from.
+pub(crate) struct Start {
+    /// Key columns per table, for REPLICA IDENTITY FULL tables.
+    pub(crate) keys: KeyHints,
+    /// Catalog events to stop at.
+    pub(crate) events: tables::Events,
+    /// The slot's confirmed position: nothing of ours lies below it.
+    pub(crate) slot_lsn: Lsn,
+}
+
 pub(crate) async fn run(
     opts: &PostgresSourceOptions,
-    keys: KeyHints,
     params: ConnectParams,
-    mut outputs: Outputs,
+    start: Start,
+    io: SourceIo,
     stop: watch::Receiver<StopMode>,
     stats: Arc<SourceStats>,
-    events: tables::Events,
 ) -> Result<(), SourceError> {
-    let known: Known = std::mem::take(&mut outputs.ledger.known)
+    let Start {
+        keys,
+        events,
+        slot_lsn,
+    } = start;
+    let SourceIo {
+        mut emitter,
+        ledger,
+        ..
+    } = io;
+    let known: Known = ledger
+        .known
         .into_iter()
         .map(|r| {
             (
@@ -113,7 +131,9 @@ pub(crate) async fn run(
             )
         })
         .collect();
-    let ledger = tables::Ledger::new(outputs.ledger.record.clone(), events);
+    let ledger = tables::Ledger::new(ledger.record, events);
+    // Nothing of ours lies below the slot's position: the frontier starts there.
+    emitter.push(Event::Idle { at: slot_lsn });
     // Ticks serve both the status interval and the receive watchdog.
     let mut ticker = tokio::time::interval(
         opts.status_interval
@@ -121,21 +141,22 @@ pub(crate) async fn run(
             .min(FRONTIER_REPORT_EVERY),
     );
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let frontier = emitter.watch();
     let mut st = State {
         opts,
-        outputs,
+        emitter,
+        frontier,
         stop,
         stats,
-        tracker: AckTracker::new(Lsn(0)),
         relations: Relations::new(keys, known),
         ledger,
         tx: None,
         received: Lsn(0),
+        committed: slot_lsn,
         reported: Lsn(0),
         last_report: Instant::now(),
         ticker,
         last_heard: Instant::now(),
-        staged: staged::Staged::default(),
         spill: Spill::new(&opts.spill_dir).map_err(|e| {
             SourceError::fatal(format!(
                 "{}: cannot use spill directory {}: {e}",
@@ -147,9 +168,10 @@ pub(crate) async fn run(
         params: params.clone(),
     };
     let mut failures = 0u32;
+    let mut start = slot_lsn;
     loop {
         let before = st.received;
-        let err = match session(&mut st, &params).await {
+        let err = match session(&mut st, &params, start).await {
             Ok(()) => return Ok(()),
             Err(e) if e.class == ErrorClass::Transient => e,
             Err(e) => return Err(e),
@@ -164,20 +186,36 @@ pub(crate) async fn run(
                 opts.connector, err.message
             )));
         }
-        // Let everything dispatched so far become durable (or fail) before resuming, so the
-        // resent transactions never mix with copies still in flight.
-        if !wait_idle(&mut st).await? {
+        // Everything emitted so far becomes durable (or fails) before resuming, so the resent
+        // transactions never mix with copies still in flight.
+        let rewound = tokio::select! {
+            rewound = st.emitter.rewind() => rewound,
+            _ = wait_stop(&mut st.stop) => return Ok(()),
+        };
+        let Ok(frontier) = rewound else {
+            return Ok(());
+        };
+        if *st.stop.borrow() != StopMode::Run {
             return Ok(());
         }
-        st.tracker.abandon_open();
+        start = frontier.max(slot_lsn);
+        st.committed = start;
         st.tx = None;
-        st.staged.clear();
         st.relations.reset();
         st.streaming = None;
         st.spill.reset().map_err(|e| spill_error(st.opts, &e))?;
-        let delay = crate::lane::backoff_for(failures);
+        let delay = crate::retry::delay(failures);
         tracing::warn!(connector = %opts.connector, attempt = failures, delay_ms = delay.as_millis() as u64, error = %err, "replication stream lost; reconnecting");
         tokio::time::sleep(delay).await;
+    }
+}
+
+/// Resolves once a stop (of any mode) is asked for.
+async fn wait_stop(stop: &mut watch::Receiver<StopMode>) {
+    while *stop.borrow_and_update() == StopMode::Run {
+        if stop.changed().await.is_err() {
+            return;
+        }
     }
 }
 
@@ -218,12 +256,15 @@ fn conn_error(opts: &PostgresSourceOptions, e: ConnError) -> SourceError {
     }
 }
 
-async fn session(st: &mut State<'_>, params: &ConnectParams) -> Result<(), SourceError> {
+async fn session(
+    st: &mut State<'_>,
+    params: &ConnectParams,
+    start: Lsn,
+) -> Result<(), SourceError> {
     let opts = st.opts;
     let repl = ReplicationConn::connect(params)
         .await
         .map_err(|e| conn_error(opts, e))?;
-    let start = st.tracker.frontier();
     // Version 2 with streaming (PostgreSQL 14+) sends a transaction larger than
     // logical_decoding_work_mem while it runs, instead of spilling it on the server first.
     let protocol = if opts.stream_in_progress {
@@ -243,42 +284,44 @@ async fn session(st: &mut State<'_>, params: &ConnectParams) -> Result<(), Sourc
     tracing::info!(connector = %opts.connector, slot = %opts.slot_name, from = %start, "streaming");
     st.last_heard = Instant::now();
     loop {
-        let event = tokio::select! {
+        let full = st.emitter.is_full();
+        let pending = st.emitter.has_pending();
+        let wake = tokio::select! {
             biased;
-            _ = st.stop.changed() => Event::Stop,
-            Some(ack) = st.outputs.acks.recv() => { st.tracker.ack(&ack); Event::Acks }
-            _ = st.ticker.tick() => Event::Tick,
-            msg = stream.recv() => Event::Msg(msg),
-            outputs = staged::done(&mut st.staged) => Event::Transformed(outputs),
-            () = std::future::ready(()), if staged::can_submit(&st.staged) => Event::Quiet,
+            _ = st.stop.changed() => Wake::Stop,
+            _ = st.frontier.changed() => Wake::Frontier,
+            _ = st.ticker.tick() => Wake::Tick,
+            msg = stream.recv(), if !full => Wake::Msg(msg),
+            room = st.emitter.ready(), if pending => Wake::Room(room),
         };
-        let flow = match event {
-            Event::Stop => on_stop(st, &mut stream).await?,
-            Event::Acks => {
-                drain_acks(st);
+        let flow = match wake {
+            Wake::Stop => on_stop(st, &mut stream).await?,
+            Wake::Frontier => {
                 maybe_report(st, &mut stream).await?;
                 Flow::Continue
             }
-            Event::Tick => {
+            Wake::Tick => {
                 watchdog(st, &mut stream).await?;
                 Flow::Continue
             }
-            Event::Msg(msg) => {
+            Wake::Msg(msg) => {
                 let flow =
                     on_message(st, &mut stream, msg.map_err(|e| conn_error(opts, e))?).await?;
-                // Time spent waiting for lane capacity is not the server's silence.
+                // Time spent waiting for room is not the server's silence.
                 st.last_heard = Instant::now();
                 flow
             }
-            Event::Quiet => {
-                staged::submit_quiet(st);
+            Wake::Room(Ok(permit)) => {
+                st.emitter.send(permit);
+                if full {
+                    st.last_heard = Instant::now();
+                }
                 Flow::Continue
             }
-            Event::Transformed(outputs) => {
-                let flow = staged::replay_done(st, &mut stream, outputs).await?;
-                // Time spent waiting for lane capacity is not the server's silence.
-                st.last_heard = Instant::now();
-                flow
+            // The runtime stopped: it knows why; confirm what is durable and end.
+            Wake::Room(Err(_)) => {
+                report(st, &mut stream, false).await?;
+                Flow::Stopped
             }
         };
         if let Flow::Stopped = flow {
@@ -296,12 +339,12 @@ async fn on_message(
     match msg {
         ReplMessage::Keepalive { wal_end, reply } => {
             st.received = st.received.max(wal_end);
-            // Staged transactions must reach the tracker before it may call itself idle.
-            if let Flow::Stopped = staged::flush(st, stream).await? {
-                return Ok(Flow::Stopped);
-            }
             if st.tx.is_none() {
-                st.tracker.idle_advance(wal_end);
+                // Nothing of ours below the server's end: once the rest is durable, the
+                // frontier may move there (a quiet publication must not pin WAL).
+                if let Flow::Stopped = emit(st, stream, Event::Idle { at: wal_end }).await? {
+                    return Ok(Flow::Stopped);
+                }
             }
             if reply {
                 report(st, stream, false).await?;
@@ -339,8 +382,8 @@ async fn on_pgoutput(
             final_lsn,
             commit_time,
             ..
-        } => begin_tx(st, final_lsn, commit_time),
-        PgOutput::Commit { end_lsn, .. } => commit_tx(st, end_lsn),
+        } => return begin_tx(st, stream, final_lsn, commit_time).await,
+        PgOutput::Commit { end_lsn, .. } => return commit_tx(st, stream, end_lsn).await,
         PgOutput::StreamStart { xid, .. } => st.streaming = Some(xid),
         PgOutput::StreamStop => st.streaming = None,
         PgOutput::StreamAbort { xid, subxid } => {
@@ -365,25 +408,35 @@ async fn on_pgoutput(
     Ok(Flow::Continue)
 }
 
-fn begin_tx(st: &mut State<'_>, commit_lsn: Lsn, commit_time: i64) {
-    if staged::active(st) {
-        st.staged.begin(commit_lsn, commit_time);
-    } else {
-        st.tracker.begin(commit_lsn, commit_time);
-    }
+async fn begin_tx(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    commit_lsn: Lsn,
+    commit_time: i64,
+) -> Result<Flow, SourceError> {
     st.tx = Some(OpenTx {
         lsn: commit_lsn,
         ordinal: 0,
     });
+    emit(
+        st,
+        stream,
+        Event::Begin {
+            commit_lsn,
+            commit_time,
+        },
+    )
+    .await
 }
 
-fn commit_tx(st: &mut State<'_>, end_lsn: Lsn) {
-    if staged::active(st) {
-        st.staged.commit(end_lsn);
-    } else {
-        st.tracker.commit(end_lsn);
-    }
+async fn commit_tx(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    end_lsn: Lsn,
+) -> Result<Flow, SourceError> {
     st.tx = None;
+    st.committed = st.committed.max(end_lsn);
+    emit(st, stream, Event::Commit { end_lsn }).await
 }
 
 /// A streamed transaction committed: replay its spilled messages as one ordinary transaction,
@@ -397,7 +450,9 @@ async fn replay_streamed(
     commit_time: i64,
 ) -> Result<Flow, SourceError> {
     let mut reader = st.spill.finish(xid).map_err(|e| spill_error(st.opts, &e))?;
-    begin_tx(st, commit_lsn, commit_time);
+    if let Flow::Stopped = begin_tx(st, stream, commit_lsn, commit_time).await? {
+        return Ok(Flow::Stopped);
+    }
     let mut relations = std::mem::take(&mut st.relations);
     let mut flow = Flow::Continue;
     loop {
@@ -422,7 +477,7 @@ async fn replay_streamed(
     }
     st.relations = relations;
     if let Flow::Continue = flow {
-        commit_tx(st, end_lsn);
+        return commit_tx(st, stream, end_lsn).await;
     }
     Ok(flow)
 }
@@ -467,11 +522,7 @@ async fn on_data(
                 .build_change(msg, position)
                 .map_err(|e| change_error(st, &e))?;
             st.stats.received.fetch_add(1, Ordering::Relaxed);
-            if staged::active(st) {
-                // Barriers are decided on what the transform makes of the change.
-                return staged::push(st, stream, change).await;
-            }
-            return send_change(st, stream, change).await;
+            return emit_change(st, stream, change).await;
         }
         PgOutput::Truncate { rel_ids, .. } => {
             for rel_id in rel_ids {
@@ -481,12 +532,7 @@ async fn on_data(
                     .build_truncate(rel_id, position)
                     .map_err(|e| change_error(st, &e))?;
                 st.stats.received.fetch_add(1, Ordering::Relaxed);
-                let flow = if staged::active(st) {
-                    staged::push(st, stream, change).await?
-                } else {
-                    barrier_send(st, stream, change).await?
-                };
-                if let Flow::Stopped = flow {
+                if let Flow::Stopped = emit_change(st, stream, change).await? {
                     return Ok(Flow::Stopped);
                 }
             }
@@ -501,6 +547,14 @@ async fn on_data(
         }
     }
     Ok(Flow::Continue)
+}
+
+async fn emit_change(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    change: Change,
+) -> Result<Flow, SourceError> {
+    emit(st, stream, Event::Change(change)).await
 }
 
 fn change_error(st: &State<'_>, e: &pgoutput::ChangeError) -> SourceError {

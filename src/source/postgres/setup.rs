@@ -499,7 +499,7 @@ pub(crate) async fn drop_slot(
                     && tokio::time::Instant::now() < deadline =>
             {
                 attempt += 1;
-                let delay = crate::lane::backoff_for(attempt);
+                let delay = crate::retry::delay(attempt);
                 tracing::warn!(slot, attempt, error = %e, "the slot is still in use by a walsender of an earlier connection; waiting for it to end (wal_sender_timeout)");
                 tokio::time::sleep(delay).await;
             }

@@ -12,11 +12,11 @@
 //!    REPEATABLE READ transaction importing the export; then the export connection closes.
 //! 3. The first reader plans chunks (ranges of a key column, [`plan`]) and every sink saves
 //!    the plan. Workers, one per reader, take chunks off a shared queue: `COPY` the range,
-//!    decode it ([`copy_text`]), optionally pass it through the route's transform, and hand it
-//!    to each sink's bulk path, which writes the rows and marks the chunk loaded in one
-//!    transaction ([`SinkConnector::snapshot_load_rows`], or `snapshot_load` for what a
-//!    transform made). While a worker's chunk is being loaded, its next one is read, so
-//!    source and sink work at once. Snapshot rows bypass the lanes.
+//!    decode it ([`copy_text`]) unless every target takes the server's text, and hand it to
+//!    the runtime's [`SnapshotWriter`], which writes it into each sink that needs it (through
+//!    the route's transform where there is one) and marks the chunk loaded in the same sink
+//!    transaction. While a worker's chunk is being loaded, its next one is read, so source and
+//!    sink work at once. Snapshot rows bypass the lanes.
 //! 4. Every sink marks the snapshot complete; streaming starts at the consistent point, so
 //!    every change committed after the snapshot — also during the copy — is applied on top.
 //!
@@ -32,7 +32,7 @@
 //! Snapshot changes carry `Position { lsn: <slot position>, ordinal: 0, sub: 0 }`: only a
 //! transform or a dead-letter record ever sees it.
 //!
-//! [`SinkConnector::snapshot_load_rows`]: crate::sink::SinkConnector::snapshot_load_rows
+//! [`SnapshotWriter`]: crate::source::snapshot::SnapshotWriter
 
 mod chunks;
 mod copy_text;
@@ -52,9 +52,9 @@ use self::reader::Reader;
 use super::PostgresSourceOptions;
 use super::conn::{ConnectParams, ReplicationConn};
 use crate::change::{Lsn, Position, Table};
-use crate::sink::{SinkConnector, SinkError, SnapshotState};
+use crate::checkpoint::SnapshotState;
+use crate::source::snapshot::SnapshotWriter;
 use crate::source::{SourceError, StopMode};
-use crate::transform::RouteTransform;
 
 /// Attempts per chunk and sink, and per chunk read, before a transient error is given up on.
 const MAX_ATTEMPTS: u32 = 10;
@@ -67,10 +67,8 @@ pub(crate) struct Setup {
     pub(crate) chunk_rows: u64,
     /// Period of the progress log lines.
     pub(crate) progress_interval: Duration,
-    /// The route's sinks (connector instances of the source's own).
-    pub(crate) sinks: Vec<Arc<dyn SinkConnector>>,
-    /// The route has a transform: sink tables are not the source tables.
-    pub(crate) transformed: bool,
+    /// Where the chunks go.
+    pub(crate) writer: Arc<dyn SnapshotWriter>,
 }
 
 impl std::fmt::Debug for Setup {
@@ -78,10 +76,7 @@ impl std::fmt::Debug for Setup {
         f.debug_struct("Setup")
             .field("parallelism", &self.parallelism)
             .field("chunk_rows", &self.chunk_rows)
-            .field(
-                "sinks",
-                &self.sinks.iter().map(|s| s.name()).collect::<Vec<_>>(),
-            )
+            .field("targets", &self.writer.targets())
             .finish_non_exhaustive()
     }
 }
@@ -111,14 +106,6 @@ pub(crate) enum Outcome {
     Stopped,
 }
 
-fn sink_err(e: SinkError) -> SourceError {
-    SourceError {
-        class: e.class,
-        message: e.message,
-        kind: crate::source::SourceErrorKind::Other,
-    }
-}
-
 /// Before the slot is created: every sink forgets any earlier snapshot and records a pending
 /// one, so that a crash from here on is recognised as an interrupted snapshot. A sink that
 /// recorded loading rows of an earlier snapshot holds rows of an earlier slot, which may
@@ -129,30 +116,30 @@ pub(crate) async fn begin(
     setup: &Setup,
     tables: &[Arc<Table>],
 ) -> Result<(), SourceError> {
-    for sink in &setup.sinks {
+    let writer = &*setup.writer;
+    for target in 0..writer.targets() {
         // Rows of an earlier slot: a complete snapshot (then the stream), or loaded chunks.
-        let wrote = match sink.snapshot_state().await.map_err(sink_err)? {
+        let wrote = match writer.state(target).await? {
             SnapshotState::None => false,
             SnapshotState::Pending(chunks) => chunks.iter().any(|(_, loaded)| *loaded),
             SnapshotState::Complete => true,
         };
         if wrote {
-            if setup.transformed {
+            if writer.clear(target, tables).await? {
                 tracing::warn!(
                     connector,
-                    sink = sink.name(),
-                    "the slot had to be created again: the new snapshot overwrites the sink's rows, but rows deleted on the source while no slot existed may remain (the route's transform decides the sink tables, so Zipline cannot empty them)"
+                    sink = writer.name(target),
+                    "the slot had to be created again: emptied the sink's tables, which may have held rows deleted on the source while no slot existed; the new snapshot copies every row"
                 );
             } else {
                 tracing::warn!(
                     connector,
-                    sink = sink.name(),
-                    "the slot had to be created again: emptying the sink's tables, which may hold rows deleted on the source while no slot existed; the new snapshot copies every row"
+                    sink = writer.name(target),
+                    "the slot had to be created again: the new snapshot overwrites the sink's rows, but rows deleted on the source while no slot existed may remain (the route's transform decides the sink tables, so Zipline cannot empty them)"
                 );
-                sink.snapshot_clear(tables).await.map_err(sink_err)?;
             }
         }
-        sink.snapshot_begin(&[]).await.map_err(sink_err)?;
+        writer.begin(target, &[]).await?;
     }
     Ok(())
 }
@@ -167,18 +154,18 @@ pub(crate) struct Context<'a> {
 }
 
 /// Takes or resumes the snapshot (see the module docs); `Continue` when there is none to
-/// take. `transform` is the route's, lent for the run and handed back.
+/// take.
 pub(crate) async fn run(
     cx: Context<'_>,
     setup: Setup,
     exported: Option<Exported>,
-    transform: &mut Option<RouteTransform>,
     stop: &mut watch::Receiver<StopMode>,
 ) -> Result<Outcome, SourceError> {
     let connector = &cx.opts.connector;
-    let mut states = Vec::with_capacity(setup.sinks.len());
-    for sink in &setup.sinks {
-        states.push(sink.snapshot_state().await.map_err(sink_err)?);
+    let writer = &setup.writer;
+    let mut states = Vec::with_capacity(writer.targets());
+    for target in 0..writer.targets() {
+        states.push(writer.state(target).await?);
     }
     let pending = |s: &SnapshotState| matches!(s, SnapshotState::Pending(_));
     if !states.iter().any(pending) {
@@ -230,12 +217,9 @@ pub(crate) async fn run(
             plan
         }
     };
-    let work = plan::work(&states, &plan);
-    for &sink in &work.save_plan {
-        setup.sinks[sink]
-            .snapshot_begin(&plan)
-            .await
-            .map_err(sink_err)?;
+    let work = plan::work(&states, &plan, |target, table| writer.wants(target, table));
+    for &target in &work.save_plan {
+        writer.begin(target, &plan).await?;
     }
     if !fresh {
         tracing::info!(connector = %connector, chunks = plan.len(), loaded = work.done, to_copy = work.todo.len(), "snapshot resumes: chunks every sink already holds are not copied again");
@@ -270,7 +254,7 @@ pub(crate) async fn run(
         params: cx.params.clone(),
         retries,
         tables: cx.tables.to_vec(),
-        sinks: setup.sinks,
+        writer: setup.writer.clone(),
         position: Position {
             lsn: cx.lsn,
             ordinal: 0,
@@ -278,18 +262,16 @@ pub(crate) async fn run(
         },
         progress_interval: setup.progress_interval,
     };
-    let (result, sinks) =
-        chunks::copy(engine, readers, jobs, progress.clone(), transform, stop).await?;
-    match result? {
+    match chunks::copy(engine, readers, jobs, progress.clone(), stop).await? {
         Outcome::Stopped => {
             tracing::info!(connector = %connector, rows = progress.total_rows(), "snapshot interrupted; the chunks loaded so far are kept and the next start resumes it");
             return Ok(Outcome::Stopped);
         }
         Outcome::Continue | Outcome::Copied => {}
     }
-    for (sink, state) in sinks.iter().zip(&states) {
+    for (target, state) in states.iter().enumerate() {
         if pending(state) {
-            sink.snapshot_finish().await.map_err(sink_err)?;
+            writer.finish(target).await?;
         }
     }
     let seconds = progress.elapsed().as_secs_f64();
@@ -336,7 +318,7 @@ pub(crate) async fn recopy(
         ));
         plan.extend(chunks);
     }
-    let all_sinks: Vec<usize> = (0..setup.sinks.len()).collect();
+    let writer = &setup.writer;
     let jobs: Vec<Job> = plan
         .into_iter()
         .map(|chunk| Job {
@@ -344,8 +326,10 @@ pub(crate) async fn recopy(
                 .iter()
                 .position(|t| t.qualified_name() == chunk.table)
                 .unwrap_or_default(),
+            sinks: (0..writer.targets())
+                .filter(|&t| writer.wants(t, &chunk.table))
+                .collect(),
             chunk,
-            sinks: all_sinks.clone(),
         })
         .collect();
     let progress = Arc::new(Progress::new(progress));
@@ -355,7 +339,7 @@ pub(crate) async fn recopy(
         params: cx.params.clone(),
         retries,
         tables: tables.to_vec(),
-        sinks: setup.sinks.clone(),
+        writer: setup.writer.clone(),
         position: Position {
             lsn: cx.lsn,
             ordinal: 0,
@@ -363,9 +347,7 @@ pub(crate) async fn recopy(
         },
         progress_interval: setup.progress_interval,
     };
-    let (result, _) =
-        chunks::copy(engine, readers, jobs, progress.clone(), &mut None, stop).await?;
-    match result? {
+    match chunks::copy(engine, readers, jobs, progress.clone(), stop).await? {
         Outcome::Continue | Outcome::Copied => Ok(progress.total_rows()),
         Outcome::Stopped => Err(SourceError::fatal(format!(
             "{connector}: stopped while copying tables again; the next start copies them again"

@@ -80,7 +80,7 @@ pub(crate) async fn connect_with_retries(
                         e.message, attempt
                     )));
                 }
-                let delay = crate::lane::backoff_for(attempt);
+                let delay = crate::retry::delay(attempt);
                 tracing::warn!(connector = %opts.connector, attempt, delay_ms = delay.as_millis() as u64, error = %e, "cannot reach SQL Server yet; retrying");
                 tokio::time::sleep(delay).await;
             }

@@ -11,20 +11,17 @@
 //!    table (else the error says which statement enables it), that snapshot isolation is
 //!    allowed when a snapshot may be needed, that a capture job exists, and load each table's
 //!    capture instances with their captured columns, key and types ([`catalog`]).
-//! 2. `run`: ask the sinks for the durable frontier. SQL Server keeps no cursor for a reader
-//!    (unlike a PostgreSQL slot), so the sinks' checkpoint rows are the only durable record of
-//!    how far the pipeline got; [`SinkConnector::durable_frontier`] returns the lowest
-//!    position every lane has committed, and [`SinkConnector::advance_frontier`] lifts idle
-//!    lanes' rows to the frontier the ack tracker has confirmed, so one quiet lane does not
-//!    hold the restart point back until the change tables' retention has passed it.
+//! 2. `run`: start from the durable frontier the runtime read from the sinks. SQL Server
+//!    keeps no cursor for a reader (unlike a PostgreSQL slot), so the sinks' checkpoint rows
+//!    are the only durable record of how far the pipeline got: the runtime hands the source
+//!    the lowest position every lane has committed, and records the frontier back into the
+//!    sinks' idle lanes, so one quiet lane does not hold the restart point back until the
+//!    change tables' retention has passed it.
 //! 3. With no frontier: an initial snapshot ([`snapshot`]) or, with `snapshot: never`, start
 //!    at the current maximum LSN. With one: stream from it ([`stream`], [`reader`]).
 //!
 //! Positions are `(commit LSN, ordinal)`; the mapping from `(__$start_lsn, __$seqval,
 //! __$operation)` is described in [`lsn`].
-//!
-//! [`SinkConnector::durable_frontier`]: crate::sink::SinkConnector::durable_frontier
-//! [`SinkConnector::advance_frontier`]: crate::sink::SinkConnector::advance_frontier
 
 mod catalog;
 mod conn;
@@ -38,9 +35,10 @@ mod types;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+
 use crate::change::Table;
-use crate::sink::{BoxFuture, SinkConnector};
-use crate::source::{Outputs, Source, SourceError, SourceStats, StopMode};
+use crate::source::{Source, SourceError, SourceIo, SourceStats, StopMode};
 
 /// Whether a pipeline without a durable frontier first copies the tables' current rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,40 +98,18 @@ impl std::fmt::Debug for SqlServerSourceOptions {
     }
 }
 
-/// A sink of the route, asked where to resume and told what is durable.
-pub struct SinkLanes {
-    /// The sink connector.
-    pub connector: std::sync::Arc<dyn SinkConnector>,
-    /// Its lane count.
-    pub lanes: u32,
-}
-
-impl std::fmt::Debug for SinkLanes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SinkLanes")
-            .field("connector", &self.connector.name())
-            .field("lanes", &self.lanes)
-            .finish()
-    }
-}
-
 /// A SQL Server source, between preflight and streaming.
 #[derive(Debug)]
 pub struct SqlServerSource {
     opts: SqlServerSourceOptions,
     captured: Vec<catalog::Captured>,
     tables: Vec<Arc<Table>>,
-    sinks: Vec<SinkLanes>,
 }
 
 impl SqlServerSource {
     /// Read-only preflight: reach the server (bounded retries), check CDC on the database and
-    /// the tables, load the capture instances. `sinks` are the route's sinks (see the module
-    /// docs for why the source talks to them).
-    pub async fn preflight(
-        opts: SqlServerSourceOptions,
-        sinks: Vec<SinkLanes>,
-    ) -> Result<Self, SourceError> {
+    /// the tables, load the capture instances.
+    pub async fn preflight(opts: SqlServerSourceOptions) -> Result<Self, SourceError> {
         let mut conn = conn::connect_with_retries(&opts).await?;
         check_database(&mut conn, &opts).await?;
         let captured = catalog::resolve(&mut conn, &opts, &opts.tables).await?;
@@ -146,7 +122,6 @@ impl SqlServerSource {
             opts,
             captured,
             tables,
-            sinks,
         })
     }
 }
@@ -257,18 +232,13 @@ impl Source for SqlServerSource {
 
     fn run(
         self: Box<Self>,
-        outputs: Outputs,
+        io: SourceIo,
         stop: tokio::sync::watch::Receiver<StopMode>,
         stats: Arc<SourceStats>,
     ) -> BoxFuture<'static, Result<(), SourceError>> {
         Box::pin(async move {
-            let SqlServerSource {
-                opts,
-                captured,
-                sinks,
-                ..
-            } = *self;
-            stream::run(&opts, captured, &sinks, outputs, stop, stats).await
+            let SqlServerSource { opts, captured, .. } = *self;
+            stream::run(&opts, captured, io, stop, stats).await
         })
     }
 }

@@ -35,6 +35,7 @@ use super::sql;
 use super::stream::{self, Flow, Phase, State};
 use crate::change::{Change, Lsn, Op, Position};
 use crate::source::SourceError;
+use crate::source::emitter::Event;
 
 /// How often to repeat the "waiting for the capture job" warning.
 const WAIT_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
@@ -80,12 +81,15 @@ pub(super) async fn run(
     })?;
     tracing::info!(connector = %opts.connector, lsn = %lsn::literal(l0), "initial snapshot started");
     st.phase = Phase::Snapshot { after: Some(l0) };
-    st.tracker.begin(l0, stream::now_micros());
+    let begin = Event::Begin {
+        commit_lsn: l0,
+        commit_time: crate::change::now_micros_since_2000(),
+    };
+    if stream::emit(st, begin).await? == Flow::Stop {
+        return Ok(Flow::Stop);
+    }
     let started = Instant::now();
     let mut total = 0u64;
-    // With a transform, rows go through it in batches; without one, one by one.
-    let batch = st.outputs_transform_batch().unwrap_or(1);
-    let mut pending = Vec::with_capacity(batch);
     for t in 0..st.tables.len() {
         let (qualified, inst) = {
             let table = &st.tables[t];
@@ -129,13 +133,9 @@ pub(super) async fn run(
                 .received
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             count += 1;
-            pending.push(change);
-            if pending.len() >= batch && deliver(st, &mut pending).await? == Flow::Stop {
+            if stream::emit(st, Event::Change(change)).await? == Flow::Stop {
                 return Ok(Flow::Stop);
             }
-        }
-        if deliver(st, &mut pending).await? == Flow::Stop {
-            return Ok(Flow::Stop);
         }
         tracing::info!(connector = %opts.connector, table = %qualified, rows = count, "table copied");
         total += count;
@@ -147,25 +147,11 @@ pub(super) async fn run(
         sql::SNAPSHOT_END,
     )
     .await?;
-    st.tracker.commit(l0);
+    if stream::emit(st, Event::Commit { end_lsn: l0 }).await? == Flow::Stop {
+        return Ok(Flow::Stop);
+    }
     st.lo = l0;
     tracing::info!(connector = %opts.connector, lsn = %lsn::literal(l0), rows = total, seconds = started.elapsed().as_secs_f64(), "initial snapshot read; streaming changes after it");
-    Ok(Flow::Continue)
-}
-
-/// Transforms (when the route has a transform) and dispatches `pending`, emptying it.
-async fn deliver(st: &mut State<'_>, pending: &mut Vec<Change>) -> Result<Flow, SourceError> {
-    if pending.is_empty() {
-        return Ok(Flow::Continue);
-    }
-    let Some(outputs) = stream::transform(st, std::mem::take(pending)).await? else {
-        return Ok(Flow::Stop);
-    };
-    for (_, change) in outputs {
-        if stream::dispatch_one(st, change).await? == Flow::Stop {
-            return Ok(Flow::Stop);
-        }
-    }
     Ok(Flow::Continue)
 }
 

@@ -1,23 +1,76 @@
-//! What goes back upstream: acks in, the durable frontier out as standby status updates, the
-//! receive watchdog, and stopping (draining the lanes, or aborting).
+//! What goes back upstream: the durable frontier as standby status updates, the receive
+//! watchdog, waiting for room in the emitter while still serving the walsender, and stopping
+//! (draining, or aborting).
 
 use std::sync::atomic::Ordering;
 
 use tokio::time::Instant;
 
-use super::{FRONTIER_REPORT_EVERY, Flow, State, conn_error, staged};
-use crate::source::postgres::conn::{ReplicationStream, now_pg_micros};
+use super::{FRONTIER_REPORT_EVERY, Flow, State, conn_error};
+use crate::change::Lsn;
+use crate::source::emitter::Event;
+use crate::source::postgres::conn::ReplicationStream;
 use crate::source::{SourceError, StopMode};
 
-pub(super) fn drain_acks(st: &mut State<'_>) {
-    while let Ok(ack) = st.outputs.acks.try_recv() {
-        st.tracker.ack(&ack);
+/// The durable frontier as last handed back.
+fn frontier(st: &State<'_>) -> Lsn {
+    st.frontier.borrow().lsn
+}
+
+/// Pushes one event; a full parcel is handed over at once, waiting for room while serving
+/// status updates. `Stopped` when the pipeline aborts or the runtime is gone meanwhile.
+pub(super) async fn emit(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    event: Event,
+) -> Result<Flow, SourceError> {
+    st.emitter.push(event);
+    if st.emitter.is_full() {
+        return flush(st, stream).await;
     }
-    let lag = st
-        .tracker
-        .oldest_pending_commit_time()
-        .map_or(0, |t| (now_pg_micros() - t).max(0));
-    st.stats.lag_micros.store(lag, Ordering::Relaxed);
+    Ok(Flow::Continue)
+}
+
+/// Hands what is pending over, waiting for room while serving status updates (a Drain noticed
+/// meanwhile stays news for the main loop; an Abort stops).
+pub(super) async fn flush(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+) -> Result<Flow, SourceError> {
+    match st.emitter.try_flush() {
+        Ok(true) => return Ok(Flow::Continue),
+        Ok(false) => {}
+        Err(_) => return gone(st, stream).await,
+    }
+    // A clone, so that a Drain seen here is still news to the main loop.
+    let mut stop = st.stop.clone();
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.changed() => {
+                if *stop.borrow() == StopMode::Abort {
+                    report(st, stream, false).await?;
+                    return Ok(Flow::Stopped);
+                }
+            }
+            _ = st.frontier.changed() => maybe_report(st, stream).await?,
+            _ = st.ticker.tick() => periodic_report(st, stream).await?,
+            room = st.emitter.ready() => match room {
+                Ok(permit) => {
+                    st.emitter.send(permit);
+                    return Ok(Flow::Continue);
+                }
+                Err(_) => return gone(st, stream).await,
+            },
+        }
+    }
+}
+
+/// The runtime stopped taking events (it failed or aborts, and knows why): confirm what is
+/// durable and stop.
+async fn gone(st: &mut State<'_>, stream: &mut ReplicationStream) -> Result<Flow, SourceError> {
+    report(st, stream, false).await?;
+    Ok(Flow::Stopped)
 }
 
 pub(super) async fn on_stop(
@@ -28,29 +81,26 @@ pub(super) async fn on_stop(
     match mode {
         StopMode::Run => Ok(Flow::Continue),
         StopMode::Abort => {
-            drain_acks(st);
             report(st, stream, false).await?;
             Ok(Flow::Stopped)
         }
         StopMode::Drain => {
-            // What waits for the transform is received: deliver it before closing the lanes.
-            // (Boxed: flushing dispatches, and dispatching may stop, which lands here again.)
-            if let Flow::Stopped = Box::pin(staged::flush(st, stream)).await? {
+            if let Flow::Stopped = flush(st, stream).await? {
                 return Ok(Flow::Stopped);
             }
-            tracing::info!(connector = %st.opts.connector, in_flight = st.tracker.in_flight(), "draining lanes");
-            // Closing the queues lets each lane commit what it holds and exit.
-            st.outputs.routers.clear();
+            tracing::info!(connector = %st.opts.connector, "draining lanes");
+            // Closing the stream lets each lane commit what it holds and end; the frontier
+            // moves until the runtime has ended.
+            let _ = st.emitter.close().await;
             loop {
                 tokio::select! {
-                    ack = st.outputs.acks.recv() => match ack {
-                        Some(ack) => st.tracker.ack(&ack),
-                        None => break,
+                    changed = st.frontier.changed() => match changed {
+                        Ok(()) => maybe_report(st, stream).await?,
+                        Err(_) => break,
                     },
                     _ = st.ticker.tick() => periodic_report(st, stream).await?,
                 }
             }
-            drain_acks(st);
             report(st, stream, false).await?;
             tracing::info!(connector = %st.opts.connector, confirmed = %st.reported, "drained; confirmed the durable frontier");
             Ok(Flow::Stopped)
@@ -87,7 +137,7 @@ pub(super) async fn periodic_report(
 ) -> Result<(), SourceError> {
     let since = st.last_report.elapsed();
     if since >= st.opts.status_interval
-        || (st.tracker.frontier() > st.reported && since >= FRONTIER_REPORT_EVERY)
+        || (frontier(st) > st.reported && since >= FRONTIER_REPORT_EVERY)
     {
         report(st, stream, false).await?;
     }
@@ -98,7 +148,7 @@ pub(super) async fn maybe_report(
     st: &mut State<'_>,
     stream: &mut ReplicationStream,
 ) -> Result<(), SourceError> {
-    if st.tracker.frontier() > st.reported && st.last_report.elapsed() >= FRONTIER_REPORT_EVERY {
+    if frontier(st) > st.reported && st.last_report.elapsed() >= FRONTIER_REPORT_EVERY {
         report(st, stream, false).await?;
     }
     Ok(())
@@ -110,7 +160,7 @@ pub(super) async fn report(
     stream: &mut ReplicationStream,
     reply: bool,
 ) -> Result<(), SourceError> {
-    let frontier = st.tracker.frontier();
+    let frontier = frontier(st);
     stream
         .send_status(st.received.max(frontier), frontier, reply)
         .await

@@ -18,9 +18,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::dispatch::wait_idle_streaming;
-use super::feedback::{drain_acks, report};
-use super::{Flow, State, change_error, pgoutput, staged};
+use super::feedback::{flush, periodic_report, report};
+use super::{Flow, State, change_error, pgoutput};
 use crate::change::{Lsn, Table};
 use crate::checkpoint::TableRecord;
 use crate::source::postgres::conn::{ConnectParams, ReplicationStream};
@@ -163,11 +162,10 @@ pub(super) async fn stop_at(
         _ => SourceErrorKind::Other,
     };
     let settled = async {
-        if let Flow::Stopped = Box::pin(staged::flush(st, stream)).await? {
+        if let Flow::Stopped = flush(st, stream).await? {
             return Ok(());
         }
-        if wait_idle_streaming(st, stream).await? {
-            drain_acks(st);
+        if wait_durable(st, stream, st.committed).await? {
             report(st, stream, false).await?;
             wait_confirmed(&st.params, &st.opts.slot_name, st.reported).await?;
         }
@@ -208,4 +206,22 @@ pub(super) async fn wait_confirmed(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Waits until the frontier reaches `lsn`, serving status updates. `false` when the pipeline
+/// aborts or the runtime ends first.
+async fn wait_durable(
+    st: &mut State<'_>,
+    stream: &mut ReplicationStream,
+    lsn: Lsn,
+) -> Result<bool, SourceError> {
+    let mut stop = st.stop.clone();
+    while st.frontier.borrow().lsn < lsn {
+        tokio::select! {
+            changed = st.frontier.changed() => if changed.is_err() { return Ok(false) },
+            _ = stop.changed() => if *stop.borrow() == crate::source::StopMode::Abort { return Ok(false) },
+            _ = st.ticker.tick() => periodic_report(st, stream).await?,
+        }
+    }
+    Ok(true)
 }

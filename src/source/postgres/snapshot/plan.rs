@@ -19,7 +19,7 @@ use std::collections::HashSet;
 use tokio_postgres::Client;
 
 use crate::change::Table;
-use crate::sink::{SnapshotChunk, SnapshotState};
+use crate::checkpoint::{SnapshotChunk, SnapshotState};
 use crate::source::SourceError;
 use crate::source::postgres::quote_ident;
 use crate::source::postgres::setup::sql_error;
@@ -191,8 +191,13 @@ pub(crate) struct Work {
 }
 
 /// The work left for the sinks with a pending snapshot, given the plan in force. Sinks with
-/// no snapshot or a complete one take no part.
-pub(crate) fn work(states: &[SnapshotState], plan: &[SnapshotChunk]) -> Work {
+/// no snapshot or a complete one take no part, nor a sink in chunks of tables it does not
+/// take (`wants(sink, table)`: its route's tables).
+pub(crate) fn work(
+    states: &[SnapshotState],
+    plan: &[SnapshotChunk],
+    wants: impl Fn(usize, &str) -> bool,
+) -> Work {
     let mut work = Work::default();
     let planned: HashSet<&SnapshotChunk> = plan.iter().collect();
     let mut loaded: Vec<Option<HashSet<&SnapshotChunk>>> = Vec::with_capacity(states.len());
@@ -223,7 +228,7 @@ pub(crate) fn work(states: &[SnapshotState], plan: &[SnapshotChunk]) -> Work {
             .iter()
             .enumerate()
             .filter_map(|(sink, l)| match l {
-                Some(done) if !done.contains(chunk) => Some(sink),
+                Some(done) if !done.contains(chunk) && wants(sink, &chunk.table) => Some(sink),
                 _ => None,
             })
             .collect();
@@ -289,13 +294,17 @@ mod tests {
             SnapshotState::None,
         ];
         assert_eq!(saved_plan(&states), Some(plan.clone()));
-        let w = work(&states, &plan);
+        let w = work(&states, &plan, |_, _| true);
         assert!(w.save_plan.is_empty());
         assert_eq!(w.done, 1);
         assert_eq!(
             w.todo,
             vec![(plan[1].clone(), vec![0]), (plan[2].clone(), vec![1])]
         );
+        // A sink whose route does not take the table needs none of it.
+        let w = work(&states, &plan, |sink, _| sink != 1);
+        assert_eq!(w.done, 2);
+        assert_eq!(w.todo, vec![(plan[1].clone(), vec![0])]);
     }
 
     #[test]
@@ -307,7 +316,7 @@ mod tests {
             SnapshotState::Pending(other.iter().cloned().map(|c| (c, true)).collect()),
             SnapshotState::Pending(Vec::new()),
         ];
-        let w = work(&states, &plan);
+        let w = work(&states, &plan, |_, _| true);
         assert_eq!(w.save_plan, vec![1, 2]);
         assert_eq!(w.done, 0);
         assert_eq!(

@@ -18,7 +18,7 @@ use tokio_postgres::Client;
 
 use super::copy_text::RowDecoder;
 use crate::change::{Table, Value};
-use crate::sink::SnapshotChunk;
+use crate::checkpoint::SnapshotChunk;
 use crate::source::SourceError;
 use crate::source::postgres::conn::ConnectParams;
 use crate::source::postgres::setup::{self, sql_error};

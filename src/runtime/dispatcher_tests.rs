@@ -1,0 +1,412 @@
+//! The dispatcher against in-memory doubles: the test plays the source (an emitter) and the
+//! lanes (queue receivers that ack what they take).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::{mpsc, watch};
+
+use super::*;
+use crate::change::{Change, Lsn, Op, Position, Table, Value};
+use crate::lane::{Ack, LaneReceiver, queue};
+use crate::runtime::{RouteStage, Tables, Transformer};
+use crate::source::emitter::{Emitter, channel};
+
+fn table(name: &str) -> Arc<Table> {
+    Arc::new(Table::new(
+        "public".into(),
+        name.into(),
+        vec![crate::change::Column {
+            name: "id".into(),
+            type_oid: 20,
+            type_modifier: -1,
+            is_key: true,
+        }],
+    ))
+}
+
+fn change(t: &Arc<Table>, lsn: u64, ordinal: u32, id: i64, op: Op) -> Change {
+    Change {
+        position: Position::new(Lsn(u128::from(lsn)), ordinal),
+        op,
+        table: t.clone(),
+        key: if op == Op::Truncate {
+            Vec::new()
+        } else {
+            vec![Value::Int8(id)]
+        },
+        old_key: None,
+        values: vec![Value::Int8(id)],
+    }
+}
+
+/// A transaction's events: Begin, its changes, Commit (end = lsn + 1).
+fn tx(lsn: u64, changes: Vec<Change>) -> Vec<Event> {
+    let mut events = vec![Event::Begin {
+        commit_lsn: Lsn(u128::from(lsn)),
+        commit_time: 0,
+    }];
+    events.extend(changes.into_iter().map(Event::Change));
+    events.push(Event::Commit {
+        end_lsn: Lsn(u128::from(lsn + 1)),
+    });
+    events
+}
+
+struct Harness {
+    emitter: Emitter,
+    /// Per sink, per lane.
+    lanes: Vec<Vec<LaneReceiver>>,
+    acks: mpsc::UnboundedSender<Ack>,
+    frontier: watch::Receiver<Frontier>,
+    stop: watch::Sender<StopMode>,
+    task: tokio::task::JoinHandle<Result<(), DispatchError>>,
+}
+
+/// `routes` over sinks of `lanes[s]` lanes each, queues of `capacity` changes.
+fn start(routes: Vec<RouteStage>, lanes: &[u32], capacity: usize) -> Harness {
+    let mut routers = Vec::new();
+    let mut receivers = Vec::new();
+    for &n in lanes {
+        let (senders, rx): (Vec<_>, Vec<_>) = (0..n).map(|_| queue(capacity)).unzip();
+        routers.push(Router::new(senders));
+        receivers.push(rx);
+    }
+    let (emitter, events, frontier_tx) = channel(2, Lsn(0));
+    let frontier = emitter.watch();
+    let (ack_tx, ack_rx) = mpsc::unbounded_channel();
+    let (stop_tx, stop_rx) = watch::channel(StopMode::Run);
+    let dispatcher = Dispatcher::new(
+        routes,
+        routers,
+        events,
+        ack_rx,
+        frontier_tx,
+        stop_rx,
+        Arc::new(SourceStats::default()),
+    );
+    Harness {
+        emitter,
+        lanes: receivers,
+        acks: ack_tx,
+        frontier,
+        stop: stop_tx,
+        task: tokio::spawn(dispatcher.run()),
+    }
+}
+
+fn all_tables(sinks: Vec<usize>) -> RouteStage {
+    RouteStage {
+        name: "route 1".into(),
+        tables: Tables::All,
+        transform: None,
+        sinks,
+    }
+}
+
+impl Harness {
+    async fn send(&mut self, events: Vec<Event>) {
+        for e in events {
+            self.emitter.push(e);
+        }
+        self.emitter
+            .flush()
+            .await
+            .expect("the dispatcher takes events");
+    }
+
+    /// The next change on a lane, within a second.
+    async fn take(&mut self, sink: usize, lane: usize) -> Arc<Change> {
+        tokio::time::timeout(Duration::from_secs(1), self.lanes[sink][lane].recv())
+            .await
+            .expect("a change within a second")
+            .expect("the lane queue is open")
+    }
+
+    /// Nothing arrives on the lane for a while.
+    async fn nothing(&mut self, sink: usize, lane: usize) {
+        let got =
+            tokio::time::timeout(Duration::from_millis(150), self.lanes[sink][lane].recv()).await;
+        assert!(got.is_err(), "expected nothing yet, got {got:?}");
+    }
+
+    fn ack(&self, changes: &[&Arc<Change>]) {
+        let mut ack = Ack::default();
+        for c in changes {
+            ack.add(c.position.lsn, 1);
+        }
+        self.acks.send(ack).expect("the dispatcher takes acks");
+    }
+
+    /// Waits until the frontier is `lsn` (fails after a second).
+    async fn frontier_at(&mut self, lsn: u64) {
+        let want = Lsn(u128::from(lsn));
+        tokio::time::timeout(Duration::from_secs(1), async {
+            while self.frontier.borrow_and_update().lsn != want {
+                self.frontier.changed().await.expect("the dispatcher runs");
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("frontier {} instead of {want}", self.frontier.borrow().lsn));
+    }
+
+    fn frontier_now(&self) -> Lsn {
+        self.frontier.borrow().lsn
+    }
+}
+
+#[tokio::test]
+async fn the_frontier_never_passes_an_unapplied_change_nor_goes_back() {
+    let t = table("orders");
+    let mut h = start(vec![all_tables(vec![0])], &[1], 100);
+    let mut events = tx(10, vec![change(&t, 10, 1, 1, Op::Insert)]);
+    events.extend(tx(20, vec![change(&t, 20, 1, 2, Op::Insert)]));
+    h.send(events).await;
+    let first = h.take(0, 0).await;
+    let second = h.take(0, 0).await;
+    // The later transaction durable first: the frontier must wait for the earlier one.
+    h.ack(&[&second]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.frontier_now(), Lsn(0));
+    h.ack(&[&first]);
+    h.frontier_at(21).await;
+    // An idle point below the frontier does not move it back.
+    h.send(vec![Event::Idle { at: Lsn(15) }]).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.frontier_now(), Lsn(21));
+    h.send(vec![Event::Idle { at: Lsn(40) }]).await;
+    h.frontier_at(40).await;
+}
+
+#[tokio::test]
+async fn a_truncate_waits_for_every_lane_and_nothing_overtakes_it() {
+    let t = table("orders");
+    let mut h = start(vec![all_tables(vec![0])], &[4], 100);
+    // Keys 1..=8 spread over the four lanes.
+    let before: Vec<Change> = (1..=8)
+        .map(|k| change(&t, 10, k as u32, k, Op::Insert))
+        .collect();
+    let mut events = tx(10, before);
+    events.extend(tx(20, vec![change(&t, 20, 1, 0, Op::Truncate)]));
+    events.extend(tx(30, vec![change(&t, 30, 1, 1, Op::Insert)]));
+    h.send(events).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut taken = Vec::new();
+    for lane in 0..4 {
+        while let Ok(c) = h.lanes[0][lane].try_recv() {
+            taken.push(c);
+        }
+    }
+    assert_eq!(taken.len(), 8, "the earlier changes arrive");
+    // The truncate waits for them to be durable.
+    h.nothing(0, 0).await;
+    h.ack(&taken.iter().collect::<Vec<_>>());
+    let truncate = h.take(0, 0).await;
+    assert_eq!(truncate.op, Op::Truncate);
+    // The change after it waits for the truncate to be durable.
+    for lane in 0..4 {
+        h.nothing(0, lane).await;
+    }
+    h.ack(&[&truncate]);
+    let lane = crate::lane::lane_of("public", "orders", &[Value::Int8(1)], 4) as usize;
+    let after = h.take(0, lane).await;
+    assert_eq!(after.position.lsn, Lsn(30));
+}
+
+#[tokio::test]
+async fn a_full_lane_holds_the_source_back() {
+    let t = table("orders");
+    // One lane holding two changes, and room for two parcels ahead.
+    let mut h = start(vec![all_tables(vec![0])], &[1], 2);
+    let mut accepted = 0;
+    for i in 0..50u32 {
+        h.emitter.push(Event::Change(change(
+            &t,
+            10,
+            i + 1,
+            i64::from(i),
+            Op::Insert,
+        )));
+        match h.emitter.try_flush() {
+            Ok(true) => accepted += 1,
+            Ok(false) => break,
+            Err(e) => panic!("{e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        accepted < 10,
+        "the dispatcher kept taking parcels ({accepted}) while the lane was full"
+    );
+    // Taking changes out frees room, and everything arrives in order.
+    let mut last = 0;
+    for _ in 0..accepted {
+        let c = h.take(0, 0).await;
+        assert!(c.position.ordinal > last);
+        last = c.position.ordinal;
+    }
+}
+
+#[tokio::test]
+async fn closing_the_stream_drains_every_lane_and_publishes_the_last_frontier() {
+    let t = table("orders");
+    let mut h = start(vec![all_tables(vec![0])], &[2], 100);
+    h.send(tx(
+        10,
+        vec![
+            change(&t, 10, 1, 1, Op::Insert),
+            change(&t, 10, 2, 2, Op::Insert),
+        ],
+    ))
+    .await;
+    h.emitter.close().await.expect("closed");
+    let mut taken = Vec::new();
+    for lane in 0..2 {
+        // Each queue ends once what it holds is taken: the lanes commit and end.
+        while let Some(c) = h.lanes[0][lane].recv().await {
+            taken.push(c);
+        }
+    }
+    assert_eq!(taken.len(), 2);
+    h.ack(&taken.iter().collect::<Vec<_>>());
+    // The lanes are gone: their ack senders close.
+    let Harness {
+        acks,
+        task,
+        mut frontier,
+        ..
+    } = h;
+    drop(acks);
+    task.await.expect("joined").expect("a clean drain");
+    assert_eq!(frontier.borrow_and_update().lsn, Lsn(11));
+}
+
+struct Double;
+
+impl Transformer for Double {
+    fn batch_size(&self) -> usize {
+        100
+    }
+    /// Every change twice, the copy under a `_copy` table with sub 1.
+    fn transform(
+        &self,
+        changes: Vec<Change>,
+    ) -> BoxFuture<'static, Result<Vec<(usize, Change)>, crate::transform::TransformError>> {
+        Box::pin(async move {
+            let copy = table("audit");
+            Ok(changes
+                .into_iter()
+                .enumerate()
+                .flat_map(|(i, c)| {
+                    let mut other = c.clone();
+                    other.table = copy.clone();
+                    other.position.sub = 1;
+                    [(i, c), (i, other)]
+                })
+                .collect())
+        })
+    }
+}
+
+#[tokio::test]
+async fn routes_take_their_tables_through_their_own_transform() {
+    let orders = table("orders");
+    let customers = table("customers");
+    let routes = vec![
+        RouteStage {
+            name: "route 1".into(),
+            tables: Tables::Only(Tables::names(["public.orders"])),
+            transform: Some(Arc::new(Double)),
+            sinks: vec![0],
+        },
+        RouteStage {
+            name: "route 2".into(),
+            tables: Tables::Rest(Tables::names(["public.orders"])),
+            transform: None,
+            sinks: vec![1],
+        },
+    ];
+    let mut h = start(routes, &[1, 1], 100);
+    h.send(tx(
+        10,
+        vec![
+            change(&orders, 10, 1, 1, Op::Insert),
+            change(&customers, 10, 2, 7, Op::Insert),
+        ],
+    ))
+    .await;
+    let a = h.take(0, 0).await;
+    let b = h.take(0, 0).await;
+    assert_eq!(
+        (a.table.name.as_str(), b.table.name.as_str()),
+        ("orders", "audit")
+    );
+    let c = h.take(1, 0).await;
+    assert_eq!(c.table.name, "customers");
+    h.nothing(0, 0).await;
+    h.nothing(1, 0).await;
+    // The transaction is durable once every output of every route is.
+    h.ack(&[&a, &c]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(h.frontier_now(), Lsn(0));
+    h.ack(&[&b]);
+    h.frontier_at(11).await;
+}
+
+#[tokio::test]
+async fn a_rewind_is_answered_once_nothing_is_in_flight() {
+    let t = table("orders");
+    let mut h = start(vec![all_tables(vec![0])], &[1], 100);
+    // A complete transaction, then an open one the stream lost.
+    let mut events = tx(10, vec![change(&t, 10, 1, 1, Op::Insert)]);
+    events.push(Event::Begin {
+        commit_lsn: Lsn(20),
+        commit_time: 0,
+    });
+    events.push(Event::Change(change(&t, 20, 1, 2, Op::Insert)));
+    h.send(events).await;
+    let first = h.take(0, 0).await;
+    let partial = h.take(0, 0).await;
+    let answered = {
+        let mut emitter = std::mem::replace(&mut h.emitter, channel(1, Lsn(0)).0);
+        tokio::spawn(async move {
+            let at = emitter.rewind().await;
+            (at, emitter)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!answered.is_finished(), "answered with changes in flight");
+    h.ack(&[&first, &partial]);
+    let (at, emitter) = answered.await.expect("joined");
+    h.emitter = emitter;
+    // The partial transaction is forgotten: the frontier covers only the complete one.
+    assert_eq!(at, Ok(Lsn(11)));
+    // It comes again whole, and then counts.
+    h.send(tx(20, vec![change(&t, 20, 1, 2, Op::Insert)])).await;
+    let again = h.take(0, 0).await;
+    h.ack(&[&again]);
+    h.frontier_at(21).await;
+}
+
+#[tokio::test]
+async fn an_abort_ends_the_dispatcher_at_once() {
+    let t = table("orders");
+    let mut h = start(vec![all_tables(vec![0])], &[1], 1);
+    // A lane that never takes anything: the dispatcher waits for room.
+    h.send(tx(
+        10,
+        vec![
+            change(&t, 10, 1, 1, Op::Insert),
+            change(&t, 10, 2, 2, Op::Insert),
+        ],
+    ))
+    .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.stop.send(StopMode::Abort).expect("sent");
+    tokio::time::timeout(Duration::from_secs(1), h.task)
+        .await
+        .expect("ended within a second")
+        .expect("joined")
+        .expect("an abort is not an error");
+}
