@@ -801,6 +801,68 @@ async fn a_frontier_inside_a_transaction_resumes_or_retakes_the_snapshot() {
     run.drain().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_route_transform_runs_on_sql_server_changes() {
+    use zipline::config::{OnError, TransformLimits, TransformSpec};
+    let module =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/guests/rust-mask.wasm");
+    assert!(
+        module.exists(),
+        "{} is missing: build the test guests first with tests/guests/build.sh (or `.ci/run guests`)",
+        module.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let spec = TransformSpec {
+        module,
+        module_label: "rust-mask.wasm".into(),
+        config: vec![("columns".into(), "note".into())],
+        limits: TransformLimits {
+            memory: 32 << 20,
+            timeout: Duration::from_millis(500),
+            output: 1 << 20,
+        },
+        on_error: OnError::Halt,
+        dead_letter: dir.path().join("dl.jsonl"),
+        batch_size: 100,
+    };
+    let transform = zipline::transform::RouteTransform::start("mssql", &spec)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mock = Mock::start(0x10).await;
+    mock.max_lsn(0x200).await;
+    mock.window(0x100, 0x200, &[0x200]).await;
+    mock.changes(
+        0x101,
+        0x200,
+        &[
+            (0x200, 0x1A0, 2, 0x03, 1, Some("first@example.com")),
+            (0x200, 0x1A1, 2, 0x03, 2, Some("second")),
+        ],
+    )
+    .await;
+    let mut run = start_with(
+        options(mock.port, SnapshotMode::Never),
+        Some(Position::new(Lsn(0x100), WHOLE)),
+        Some(Arc::new(transform)),
+    )
+    .await
+    .unwrap();
+    let got = run.take(2).await;
+    assert_eq!(
+        got.iter().map(|c| c.values.clone()).collect::<Vec<_>>(),
+        vec![
+            vec![Value::Int4(1), Value::Text("f***@example.com".into())],
+            vec![Value::Int4(2), Value::Text("s***".into())],
+        ]
+    );
+    assert_eq!(
+        got.iter().map(|c| c.position).collect::<Vec<_>>(),
+        vec![Position::new(Lsn(0x200), 1), Position::new(Lsn(0x200), 2)]
+    );
+    run.wait_frontier(0x200).await;
+    run.drain().await.unwrap();
+}
+
 /// The contract the SQL Server source resumes by, on the real MySQL sink (a throwaway
 /// MariaDB): the durable frontier is unknown until every lane has a checkpoint row, is the
 /// lowest of them, and `advance_frontier` only ever raises rows.

@@ -11,7 +11,10 @@
 //!   dead-letter file and nowhere else, everything else arrives, the pipeline keeps running;
 //! - a guest that traps on one change, under the default `on_error: halt`: the pipeline stops
 //!   with an error naming route, module and change, and the sink has nothing from the
-//!   transaction that failed.
+//!   transaction that failed;
+//! - one source split over two routes, `orders` through the masking guest into MariaDB and
+//!   `customers` into PostgreSQL, under concurrent workloads and three SIGKILLs: both sinks
+//!   equal the source (masked column aside), and nothing of `customers` reaches MariaDB.
 //!
 //! The components are built by `tests/guests/build.sh` into `target/guests/`.
 
@@ -308,6 +311,139 @@ async fn masked_random_workload_survives_kills_and_converges() {
     eprintln!(
         "e2e: {} rows converged after {} changes",
         rows.len(),
+        report.changes
+    );
+    z.terminate_cleanly(Duration::from_secs(20));
+    drop(killed);
+}
+
+const CUSTOMERS: &str = "CREATE TABLE customers (id bigint PRIMARY KEY, name text, city text)";
+
+/// Random inserts, updates and deletes of `customers` until `stop`; returns how many.
+fn customers_writer(
+    conn: String,
+    seed: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<u64> {
+    tokio::spawn(async move {
+        let (client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
+            .await
+            .expect("connecting the customers writer");
+        tokio::spawn(connection);
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let id = rng.random_range(1..=300);
+            let city = rng.random_range(0..1000);
+            let sql = match rng.random_range(0..10) {
+                0..6 => format!(
+                    "INSERT INTO customers VALUES ({id}, 'name {id}', 'city {city}') \
+                     ON CONFLICT (id) DO UPDATE SET city = EXCLUDED.city"
+                ),
+                6..8 => format!("UPDATE customers SET name = 'renamed {city}' WHERE id = {id}"),
+                _ => format!("DELETE FROM customers WHERE id = {id}"),
+            };
+            client
+                .batch_execute(&sql)
+                .await
+                .expect("a customers change");
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(3)).await;
+        }
+        n
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_routes_split_one_source_through_their_own_transform_and_sinks() {
+    let mut fx = Fixture::start();
+    fx.pg.psql(PG_DB, CUSTOMERS);
+    // A customers table in MariaDB too: nothing of the customers route may reach it.
+    fx.my.sql(
+        MY_DB,
+        "CREATE TABLE customers (id BIGINT PRIMARY KEY, name TEXT, city TEXT) ENGINE=InnoDB",
+    );
+    let replica = common::Postgres::start();
+    replica.create_database("replica");
+    replica.psql("replica", CUSTOMERS);
+    let base = pipeline_yaml(&PipelineOpts::default());
+    let (connectors, _) = base.split_once("routes:").expect("a routes section");
+    fx.write_pipeline(&format!(
+        "{connectors}  - name: pg-out\n    type: sink/postgres\n    host: 127.0.0.1\n    \
+         port: {}\n    database: replica\n    user: postgres\n    lanes: 2\nroutes:\n  \
+         - from: orders-db\n    tables: [orders]\n    to: [mysql-out]\n    transform:\n      \
+         module: {}\n      config: {{ columns: customer }}\n  - from: orders-db\n    \
+         tables: [public.customers]\n    to: [pg-out]\n",
+        replica.port,
+        guest("rust-mask").display()
+    ));
+    let pg = fx.pg_client().await;
+    let mut z = fx.apply();
+    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
+
+    let seed = workload::seed();
+    let mut cfg = Config::new(seed, u64::MAX);
+    cfg.pause = Duration::from_millis(15);
+    let w = workload::start(fx.pg.conn_str(PG_DB), cfg);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let customers = customers_writer(fx.pg.conn_str(PG_DB), seed ^ 0xC0FFEE, stop.clone());
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5157);
+    let mut killed = Vec::new();
+    for round in 1..=3 {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1_000..2_500))).await;
+        z.assert_running();
+        eprintln!("e2e: SIGKILL {round} at {} changes", w.changes());
+        z.kill();
+        killed.push(std::mem::replace(&mut z, fx.apply()));
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    w.stop();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let report = w.join().await;
+    let customer_changes = customers.await.expect("the customers writer");
+    assert!(report.changes >= 1_000, "only {} changes", report.changes);
+    assert!(
+        customer_changes >= 200,
+        "only {customer_changes} customers changes"
+    );
+
+    let masked = |rows: Rows| -> Rows {
+        rows.into_iter()
+            .map(|mut r| {
+                r[1] = r[1].as_deref().map(mask);
+                r
+            })
+            .collect()
+    };
+    let orders = wait_sink_equals(&fx, &mut z, masked, Duration::from_secs(120)).await;
+    let sink = replica.client("replica").await;
+    let query = "SELECT id::text, name, city FROM customers ORDER BY id";
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let want = e2e::pg_text_rows(&pg, query).await;
+        let got = e2e::pg_text_rows(&sink, query).await;
+        match diff_rows(&want, &got) {
+            None => break,
+            Some(diff) => assert!(
+                Instant::now() < deadline,
+                "customers did not converge:\n{diff}\nlog:\n{}",
+                z.tail(40)
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut my = fx.my_checker().await;
+    let leaked: Vec<u64> = mysql_async::prelude::Queryable::query(
+        &mut my,
+        format!("SELECT COUNT(*) FROM {MY_DB}.customers"),
+    )
+    .await
+    .expect("counting MariaDB's customers");
+    assert_eq!(leaked, vec![0], "customers reached the orders route's sink");
+    eprintln!(
+        "e2e: two routes converged: {} orders (masked) after {} changes, customers after \
+         {customer_changes} changes, 3 SIGKILLs",
+        orders.len(),
         report.changes
     );
     z.terminate_cleanly(Duration::from_secs(20));
