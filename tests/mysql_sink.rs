@@ -14,7 +14,7 @@ use mysql_async::prelude::Queryable;
 use zipline::change::{Column, Op, PG_EPOCH_MICROS, Table, Value};
 use zipline::error::ErrorClass;
 use zipline::sink::mysql::{MysqlConnector, MysqlSinkOptions};
-use zipline::sink::{Batch, SinkConnector};
+use zipline::sink::{Batch, SinkConnector, SnapshotTarget};
 
 const DB: &str = "shop";
 
@@ -664,11 +664,11 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
         upper: None,
     };
     connector
-        .snapshot_begin(std::slice::from_ref(&chunk))
+        .begin(std::slice::from_ref(&chunk))
         .await
         .unwrap_or_else(|e| panic!("{}", e.message));
     let err = connector
-        .snapshot_load_rows(&chunk, &t, &[row(3, "c@x", "ok"), row(13, "b@x", "clash")])
+        .load_rows(&chunk, &t, &[row(3, "c@x", "ok"), row(13, "b@x", "clash")])
         .await
         .expect_err("a snapshot row conflicting on another unique key is an error");
     assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.message);

@@ -20,7 +20,7 @@ use e2e::pg::fixtures::{
 use zipline::change::{Change, Op, Value};
 use zipline::error::ErrorClass;
 use zipline::sink::postgres::PostgresConnector;
-use zipline::sink::{Batch, SinkConnector};
+use zipline::sink::{Batch, CheckpointStore, SinkConnector};
 
 #[tokio::test]
 async fn batches_land_exactly_with_their_checkpoint_and_replays_converge() {

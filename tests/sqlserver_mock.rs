@@ -870,7 +870,7 @@ async fn a_route_transform_runs_on_sql_server_changes() {
 async fn mysql_sink_keeps_the_frontier_the_source_resumes_from() {
     use zipline::change::Column;
     use zipline::sink::mysql::{MysqlConnector, MysqlSinkOptions};
-    use zipline::sink::{Batch, SinkConnector};
+    use zipline::sink::{Batch, CheckpointStore, SinkConnector};
 
     let my = common::MariaDb::start();
     my.create_database("shop");

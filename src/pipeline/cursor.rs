@@ -35,7 +35,12 @@ pub(super) async fn resume(plan: &Plan) -> Result<Option<Position>, PipelineErro
     for sink in &plan.sinks {
         let mut attempt = 0;
         let frontier = loop {
-            match sink.connector.durable_frontier(sink.lanes).await {
+            match sink
+                .connector
+                .checkpoints()
+                .durable_frontier(sink.lanes)
+                .await
+            {
                 Ok(f) => break f,
                 Err(e) if e.class == ErrorClass::Transient && attempt < READ_RETRIES => {
                     attempt += 1;
@@ -77,7 +82,11 @@ pub(super) fn keep(plan: &Plan, mut frontier: watch::Receiver<Frontier>) -> Join
             if now.lsn > recorded {
                 let mut all = true;
                 for (sink, lanes) in &sinks {
-                    if let Err(e) = sink.advance_frontier(*lanes, whole(now)).await {
+                    if let Err(e) = sink
+                        .checkpoints()
+                        .advance_frontier(*lanes, whole(now))
+                        .await
+                    {
                         all = false;
                         tracing::warn!(sink = %sink.name(), frontier = %now.lsn, error = %e, "cannot record the durable frontier in the sink yet");
                     }

@@ -132,11 +132,22 @@ pub async fn run(
     result
 }
 
+/// `sink`'s snapshot target, or the error saying it cannot take a snapshot.
+fn snapshot_target(
+    sink: &Arc<dyn SinkConnector>,
+) -> Result<&dyn crate::sink::SnapshotTarget, PipelineError> {
+    sink.snapshot().ok_or_else(|| PipelineError::Sink {
+        connector: sink.name().to_owned(),
+        error: crate::sink::snapshot_unsupported(sink.name()),
+    })
+}
+
 /// Removes the records of tables the pipeline no longer replicates (`--forget-table`).
 async fn forget(sinks: &[Arc<dyn SinkConnector>], tables: &[String]) -> Result<(), PipelineError> {
     for table in tables {
         for sink in sinks {
-            sink.forget_table(table)
+            sink.checkpoints()
+                .forget_table(table)
                 .await
                 .map_err(|error| PipelineError::Sink {
                     connector: sink.name().to_owned(),

@@ -125,7 +125,7 @@ pub(crate) async fn establish(
     for sink in sinks {
         histories.push((
             sink.name().to_owned(),
-            sink.history().await.map_err(sink_err(sink))?,
+            sink.checkpoints().history().await.map_err(sink_err(sink))?,
         ));
     }
     let upstream = source.upstream();
@@ -138,8 +138,9 @@ pub(crate) async fn establish(
         Start::Create if source.takes_snapshot() => {}
         Start::Create => {
             for sink in sinks {
-                sink.snapshot_begin(&[]).await.map_err(sink_err(sink))?;
-                sink.snapshot_finish().await.map_err(sink_err(sink))?;
+                let target = super::snapshot_target(sink)?;
+                target.begin(&[]).await.map_err(sink_err(sink))?;
+                target.finish().await.map_err(sink_err(sink))?;
             }
         }
         Start::Recreate => {
@@ -173,12 +174,21 @@ pub(crate) async fn establish(
                             "the route's transform decides the sink tables, so Zipline cannot empty them: rows the source deleted since may remain"
                         ),
                         Some(tables) => {
-                            sink.snapshot_clear(tables).await.map_err(sink_err(sink))?;
+                            super::snapshot_target(sink)?
+                                .clear(tables)
+                                .await
+                                .map_err(sink_err(sink))?;
                         }
                     }
                 }
-                sink.reset_checkpoints().await.map_err(sink_err(sink))?;
-                sink.snapshot_begin(&[]).await.map_err(sink_err(sink))?;
+                sink.checkpoints()
+                    .reset_checkpoints()
+                    .await
+                    .map_err(sink_err(sink))?;
+                super::snapshot_target(sink)?
+                    .begin(&[])
+                    .await
+                    .map_err(sink_err(sink))?;
             }
         }
     }

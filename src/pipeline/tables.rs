@@ -33,7 +33,12 @@ pub(super) async fn known(
 ) -> Result<Vec<TableRecord>, PipelineError> {
     let mut per_sink = Vec::with_capacity(sinks.len());
     for sink in sinks {
-        per_sink.push(sink.table_records().await.map_err(sink_error(sink))?);
+        per_sink.push(
+            sink.checkpoints()
+                .table_records()
+                .await
+                .map_err(sink_error(sink))?,
+        );
     }
     Ok(merge(per_sink))
 }
@@ -58,7 +63,7 @@ async fn write(sinks: &[Arc<dyn SinkConnector>], record: &TableRecord) {
     for sink in sinks {
         let mut attempt = 0;
         loop {
-            match sink.record_table(record).await {
+            match sink.checkpoints().record_table(record).await {
                 Ok(()) => break,
                 Err(e) if e.class == ErrorClass::Transient && attempt < 5 => {
                     attempt += 1;
@@ -250,7 +255,8 @@ pub(super) async fn recopy(
     let route = plan.route_for(table);
     for (s, sink) in sinks.iter().enumerate() {
         if Some(plan.route_of[s]) == route {
-            sink.snapshot_clear(std::slice::from_ref(&shape))
+            super::snapshot_target(sink)?
+                .clear(std::slice::from_ref(&shape))
                 .await
                 .map_err(sink_error(sink))?;
         }

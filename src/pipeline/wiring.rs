@@ -55,6 +55,9 @@ pub(super) async fn preflight_source(
             let mut source = PostgresSource::preflight(opts).await.map_err(source_err)?;
             let tables = plan.tables(&pipeline.name, source.tables())?;
             if pg.snapshot != config::PostgresSnapshot::Never {
+                for sink in &plan.sinks {
+                    super::snapshot_target(&sink.connector)?;
+                }
                 let targets = plan
                     .sinks
                     .iter()

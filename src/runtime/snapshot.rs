@@ -9,7 +9,7 @@ use super::route::{Tables, Transformer};
 use crate::change::{Change, Op, Position, Table, Value};
 use crate::checkpoint::{SnapshotChunk, SnapshotState};
 use crate::error::ErrorClass;
-use crate::sink::{SinkConnector, SinkError};
+use crate::sink::{SinkConnector, SinkError, SnapshotTarget};
 use crate::source::SourceError;
 use crate::source::snapshot::{Rows, SnapshotWriter};
 
@@ -49,12 +49,20 @@ impl std::fmt::Debug for SinkSnapshots {
 }
 
 impl SinkSnapshots {
-    /// The targets of source `connector`.
+    /// The targets of source `connector` (each sink should have a snapshot target; one that
+    /// has none fails every call naming it).
     pub fn new(connector: &str, targets: Vec<Target>) -> Self {
         SinkSnapshots {
             connector: connector.to_owned(),
             targets,
         }
+    }
+
+    /// `target`'s snapshot target.
+    fn of(&self, target: usize) -> Result<&dyn SnapshotTarget, SourceError> {
+        let sink = &self.targets[target].sink;
+        sink.snapshot()
+            .ok_or_else(|| source_error(crate::sink::snapshot_unsupported(sink.name())))
     }
 }
 
@@ -82,17 +90,11 @@ impl SnapshotWriter for SinkSnapshots {
 
     fn takes_text(&self, target: usize) -> bool {
         let t = &self.targets[target];
-        t.transform.is_none() && t.sink.takes_copy_text()
+        t.transform.is_none() && t.sink.snapshot().is_some_and(|s| s.copy_text().is_some())
     }
 
     fn state(&self, target: usize) -> BoxFuture<'_, Result<SnapshotState, SourceError>> {
-        Box::pin(async move {
-            self.targets[target]
-                .sink
-                .snapshot_state()
-                .await
-                .map_err(source_error)
-        })
+        Box::pin(async move { self.of(target)?.state().await.map_err(source_error) })
     }
 
     fn clear<'a>(
@@ -110,7 +112,7 @@ impl SnapshotWriter for SinkSnapshots {
                 .filter(|table| t.tables.takes_table(table))
                 .cloned()
                 .collect();
-            t.sink.snapshot_clear(&mine).await.map_err(source_error)?;
+            self.of(target)?.clear(&mine).await.map_err(source_error)?;
             Ok(true)
         })
     }
@@ -120,23 +122,11 @@ impl SnapshotWriter for SinkSnapshots {
         target: usize,
         plan: &'a [SnapshotChunk],
     ) -> BoxFuture<'a, Result<(), SourceError>> {
-        Box::pin(async move {
-            self.targets[target]
-                .sink
-                .snapshot_begin(plan)
-                .await
-                .map_err(source_error)
-        })
+        Box::pin(async move { self.of(target)?.begin(plan).await.map_err(source_error) })
     }
 
     fn finish(&self, target: usize) -> BoxFuture<'_, Result<(), SourceError>> {
-        Box::pin(async move {
-            self.targets[target]
-                .sink
-                .snapshot_finish()
-                .await
-                .map_err(source_error)
-        })
+        Box::pin(async move { self.of(target)?.finish().await.map_err(source_error) })
     }
 
     fn load<'a>(
@@ -156,24 +146,26 @@ impl SnapshotWriter for SinkSnapshots {
                 ),
                 _ => None,
             };
-            let sink = &*t.sink;
+            let name = t.sink.name();
+            let sink = self.of(target)?;
             let mut attempt = 0;
             loop {
                 let result = match (&transformed, rows) {
-                    (Some(changes), _) => sink.snapshot_load(chunk, changes).await,
-                    (None, Rows::Decoded(rows)) => {
-                        sink.snapshot_load_rows(chunk, table, rows).await
-                    }
-                    (None, Rows::Text(text, n)) => {
-                        sink.snapshot_load_text(chunk, table, text, n).await
-                    }
+                    (Some(changes), _) => sink.load(chunk, changes).await,
+                    (None, Rows::Decoded(rows)) => sink.load_rows(chunk, table, rows).await,
+                    (None, Rows::Text(text, n)) => match sink.copy_text() {
+                        Some(text_target) => text_target.load_text(chunk, table, text, n).await,
+                        None => Err(SinkError::fatal(format!(
+                            "sink {name} was handed COPY text it cannot parse"
+                        ))),
+                    },
                 };
                 match result {
                     Ok(()) => return Ok(()),
                     Err(e) if e.class == ErrorClass::Transient && attempt < MAX_ATTEMPTS => {
                         attempt += 1;
                         let delay = crate::retry::delay(attempt);
-                        tracing::warn!(connector = %self.connector, sink = sink.name(), chunk = %chunk, attempt, delay_ms = delay.as_millis() as u64, error = %e.message, "loading a snapshot chunk failed; retrying");
+                        tracing::warn!(connector = %self.connector, sink = name, chunk = %chunk, attempt, delay_ms = delay.as_millis() as u64, error = %e.message, "loading a snapshot chunk failed; retrying");
                         tokio::time::sleep(delay).await;
                     }
                     Err(e) => return Err(source_error(e)),

@@ -16,8 +16,13 @@ pub mod mysql;
 pub mod postgres;
 mod shapes;
 mod snapshot;
+mod store;
 
-pub use snapshot::{SnapshotChunk, SnapshotState};
+pub use snapshot::{
+    CopyTextTarget, SnapshotChunk, SnapshotState, SnapshotTarget,
+    unsupported as snapshot_unsupported,
+};
+pub use store::CheckpointStore;
 
 /// A boxed, sendable future (keeps the sink traits object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -231,7 +236,9 @@ pub enum SinkHistory {
     Applied,
 }
 
-/// A configured sink: checks the target and opens lanes.
+/// A configured sink, by job: opening and checking here (claims, tables, lanes), the
+/// pipeline's checkpoints and records in its [`CheckpointStore`], and, where the sink can
+/// take one, an initial snapshot through its [`SnapshotTarget`].
 pub trait SinkConnector: Send + Sync {
     /// The connector's name from the pipeline file.
     fn name(&self) -> &str;
@@ -239,7 +246,7 @@ pub trait SinkConnector: Send + Sync {
     /// Claims the sink for this process's instance of the pipeline, before anything else is
     /// read or written (see [`crate::checkpoint::fence`]). `Err` of class Fatal when another
     /// live instance holds it (the message names it: process, host, since when). Every write
-    /// method below fails until the claim succeeded, and fails for good once another instance
+    /// of the sink fails until the claim succeeded, and fails for good once another instance
     /// took the sink over. `lease`: how old a holder's heartbeat must be before it is taken
     /// over.
     fn claim<'a>(
@@ -248,8 +255,8 @@ pub trait SinkConnector: Send + Sync {
         lease: std::time::Duration,
     ) -> BoxFuture<'a, Result<Box<dyn Lease>, SinkError>>;
 
-    /// Connect once and check that the sink is usable: credentials work, Zipline's checkpoint
-    /// table exists (created if absent), and every table in `tables` exists with every column
+    /// Connect once and check that the sink is usable: credentials work, Zipline's own
+    /// tables exist (created if absent), and every table in `tables` exists with every column
     /// the source has. Called before the source touches its slot, and again when the source
     /// reports a table shape it has not seen. `Ok` means a lane can write these tables.
     fn check_tables<'a>(&'a self, tables: &'a [Arc<Table>])
@@ -262,158 +269,12 @@ pub trait SinkConnector: Send + Sync {
         lanes: u32,
     ) -> BoxFuture<'_, Result<Box<dyn LaneSink>, SinkError>>;
 
-    /// For a source that keeps no cursor upstream (SQL Server): the lowest position that
-    /// every one of `lanes` lanes has committed, i.e. where the source resumes (lanes skip
-    /// what their own checkpoints cover). `None` when unknown: nothing committed yet, or some
-    /// lane never committed. The default is an error, not `None`: a sink that cannot answer
-    /// would otherwise make such a source start over (or, told to take no snapshot, skip
-    /// what was committed while it was down).
-    fn durable_frontier(&self, lanes: u32) -> BoxFuture<'_, Result<Option<Position>, SinkError>> {
-        let _ = lanes;
-        let message = format!(
-            "sink {} cannot report the durable frontier a source without an upstream cursor \
-             (source/sqlserver) resumes from",
-            self.name()
-        );
-        Box::pin(async move { Err(SinkError::fatal(message)) })
-    }
-
-    /// Everything at or below `frontier` is durable in every sink: raise each of the `lanes`
-    /// lane checkpoints that is lower to `frontier` (never lower one), so lanes that receive
-    /// nothing do not hold [`SinkConnector::durable_frontier`] back. Default: nothing.
-    fn advance_frontier(
-        &self,
-        lanes: u32,
-        frontier: Position,
-    ) -> BoxFuture<'_, Result<(), SinkError>> {
-        let _ = (lanes, frontier);
-        Box::pin(async { Ok(()) })
-    }
-
-    /// What this sink has recorded of the pipeline's initial snapshot (see [`SnapshotState`]).
-    /// Default: an error saying the sink cannot take a snapshot.
-    fn snapshot_state(&self) -> BoxFuture<'_, Result<SnapshotState, SinkError>> {
-        let err = snapshot::unsupported(self.name());
-        Box::pin(async move { Err(err) })
-    }
-
-    /// Forget any earlier snapshot of this pipeline and record a pending one planned as
-    /// `chunks`, none loaded (empty `chunks`: pending, not planned yet). Loaded rows stay.
-    fn snapshot_begin<'a>(
-        &'a self,
-        chunks: &'a [SnapshotChunk],
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
-        let _ = chunks;
-        let err = snapshot::unsupported(self.name());
-        Box::pin(async move { Err(err) })
-    }
-
-    /// Remove every row of the sink tables of `tables`: Zipline had to create the slot
-    /// again, so what an earlier snapshot or stream of this pipeline left may hold rows the
-    /// source deleted meanwhile, which no stream carries; the new snapshot copies it all.
-    fn snapshot_clear<'a>(
-        &'a self,
-        tables: &'a [Arc<Table>],
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
-        let _ = tables;
-        let err = snapshot::unsupported(self.name());
-        Box::pin(async move { Err(err) })
-    }
-
-    /// Write `changes` — whole-row inserts (`Op::Insert`, no `Value::Unchanged`) of one or
-    /// more tables, at most one per key — replacing any row with the same key, and mark
-    /// `chunk` loaded, in one transaction: after `Ok` both are durable, after `Err` neither is
-    /// visible. May be called concurrently (one call per chunk); the sink uses connections of
-    /// its own, not the lanes'.
-    fn snapshot_load<'a>(
-        &'a self,
-        chunk: &'a SnapshotChunk,
-        changes: &'a [Arc<Change>],
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
-        let _ = (chunk, changes);
-        let err = snapshot::unsupported(self.name());
-        Box::pin(async move { Err(err) })
-    }
-
-    /// [`SinkConnector::snapshot_load`] for rows of one table as read from the source (the
-    /// common case: no transform), so a sink can write them without building a change per
-    /// row. The default builds the changes and calls `snapshot_load`.
-    fn snapshot_load_rows<'a>(
-        &'a self,
-        chunk: &'a SnapshotChunk,
-        table: &'a Arc<Table>,
-        rows: &'a [Vec<crate::change::Value>],
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
-        let changes: Vec<Arc<Change>> = rows
-            .iter()
-            .map(|values| {
-                Arc::new(Change {
-                    position: Position::default(),
-                    op: crate::change::Op::Insert,
-                    table: table.clone(),
-                    key: table.key.iter().map(|&i| values[i].clone()).collect(),
-                    old_key: None,
-                    values: values.clone(),
-                })
-            })
-            .collect();
-        Box::pin(async move { self.snapshot_load(chunk, &changes).await })
-    }
-
-    /// Whether this sink takes snapshot rows still in PostgreSQL's `COPY` text format, as the
-    /// source printed them ([`SinkConnector::snapshot_load_text`]): only a sink that parses
-    /// them with PostgreSQL's own input functions can, which saves decoding every value into
-    /// a [`crate::change::Value`] and printing it again. Default: false.
-    fn takes_copy_text(&self) -> bool {
-        false
-    }
-
-    /// [`SinkConnector::snapshot_load_rows`] for rows of `table` in PostgreSQL's `COPY` text
-    /// format (one line per row, columns in `table.columns` order, printed by a session with
-    /// `DateStyle=ISO`, `TimeZone=UTC`, `IntervalStyle=postgres`), `rows` of them. Called only
-    /// when [`SinkConnector::takes_copy_text`] is true; the default is an error.
-    fn snapshot_load_text<'a>(
-        &'a self,
-        chunk: &'a SnapshotChunk,
-        table: &'a Arc<Table>,
-        text: &'a bytes::Bytes,
-        rows: u64,
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
-        let _ = (chunk, table, text, rows);
-        let err = snapshot::unsupported(self.name());
-        Box::pin(async move { Err(err) })
-    }
-
-    /// What the sink holds of the pipeline (see [`SinkHistory`]); reads only.
-    fn history(&self) -> BoxFuture<'_, Result<SinkHistory, SinkError>>;
-
-    /// Forgets the pipeline's lane checkpoints and table records (fenced), before a new slot
-    /// and a whole new snapshot: positions of the old slot mean nothing for the new one's
-    /// changes.
-    fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>>;
-
-    /// The source tables the pipeline applied into this sink, as last recorded (see
-    /// [`crate::checkpoint::tables`]).
-    fn table_records(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<crate::checkpoint::TableRecord>, SinkError>>;
-
-    /// Records a source table's shape once its first change of that shape is durable
-    /// (fenced; a record older than the stored one is ignored).
-    fn record_table<'a>(
-        &'a self,
-        record: &'a crate::checkpoint::TableRecord,
-    ) -> BoxFuture<'a, Result<(), SinkError>>;
-
     /// The source tables (`schema.name`) whose sink table was dropped and created again since
     /// its record was written, and is empty now: the rows applied to it are gone, and those the
     /// source does not change again would never arrive. A sink table rebuilt by an `ALTER`
     /// that kept its rows is not one (its new identity is recorded). Meaningful where sink
     /// tables are named after source tables (routes without a transform).
     fn recreated_tables(&self) -> BoxFuture<'_, Result<Vec<String>, SinkError>>;
-
-    /// Forgets the record of `table` (`schema.name`): the pipeline no longer replicates it.
-    fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>>;
 
     /// The statement, in this sink's SQL, that makes the sink column of `column` of source
     /// table `table` (its new shape) take the new type; `None` when the sink cannot say. For
@@ -428,11 +289,12 @@ pub trait SinkConnector: Send + Sync {
     /// the dead-letter table does not exist).
     fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<DeadLetterRecord>, SinkError>>;
 
-    /// Record the snapshot as complete (every chunk loaded into every sink).
-    fn snapshot_finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        let err = snapshot::unsupported(self.name());
-        Box::pin(async move { Err(err) })
-    }
+    /// Where the sink keeps the pipeline's positions and records.
+    fn checkpoints(&self) -> &dyn CheckpointStore;
+
+    /// The sink's bulk path for a source's initial snapshot; `None` for a sink that cannot
+    /// take one (its sources must run with `snapshot: never`).
+    fn snapshot(&self) -> Option<&dyn SnapshotTarget>;
 }
 
 /// One lane's writer.

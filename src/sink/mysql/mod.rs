@@ -52,7 +52,9 @@ use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
 use self::errors::sink_error;
-use super::{BoxFuture, LaneSink, Lease, SinkConnector, SinkError};
+use super::{
+    BoxFuture, CheckpointStore, LaneSink, Lease, SinkConnector, SinkError, SnapshotTarget,
+};
 use crate::change::{Change, Position, Table, Value};
 use crate::checkpoint::{Holder, LaneKey};
 
@@ -322,6 +324,68 @@ impl SinkConnector for MysqlConnector {
         })
     }
 
+    fn claim<'a>(
+        &'a self,
+        holder: &'a Holder,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn Lease>, SinkError>> {
+        Box::pin(async move {
+            let lease = fence::claim(Arc::clone(&self.shared), holder, lease).await?;
+            Ok(Box::new(lease) as Box<dyn Lease>)
+        })
+    }
+
+    fn recreated_tables(&self) -> BoxFuture<'_, Result<Vec<String>, SinkError>> {
+        Box::pin(async move {
+            let mut conn = self.shared.connect().await?;
+            let result = tables::recreated_empty(&mut conn, &self.shared).await;
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
+    fn alter_column_sql<'a>(
+        &'a self,
+        table: &'a Table,
+        column: &'a str,
+    ) -> BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let col = table.columns.iter().find(|c| c.name == column)?;
+            let kind = ddl::column_type(col, col.is_key).ok()?;
+            let mut sql = String::from("ALTER TABLE ");
+            sql.push_str(&schema::target(&self.shared.options.database, table));
+            sql.push_str(" MODIFY ");
+            literal::push_ident(&mut sql, column);
+            sql.push(' ');
+            sql.push_str(&kind);
+            sql.push_str(" (keep the column's NULL or NOT NULL and its default)");
+            Some(sql)
+        })
+    }
+
+    fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<super::DeadLetterRecord>, SinkError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            let table = &shared.options.dead_letter_table;
+            let mut conn = shared.connect().await?;
+            let result = dead_letter::list(&mut conn, shared, table)
+                .await
+                .map_err(|e| sink_error(shared.sink(), &format!("reading {table}"), &e));
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            result
+        })
+    }
+
+    fn checkpoints(&self) -> &dyn CheckpointStore {
+        self
+    }
+
+    fn snapshot(&self) -> Option<&dyn SnapshotTarget> {
+        Some(self)
+    }
+}
+
+impl CheckpointStore for MysqlConnector {
     fn durable_frontier(&self, lanes: u32) -> BoxFuture<'_, Result<Option<Position>, SinkError>> {
         Box::pin(async move {
             let shared = &self.shared;
@@ -376,17 +440,6 @@ impl SinkConnector for MysqlConnector {
         })
     }
 
-    fn claim<'a>(
-        &'a self,
-        holder: &'a Holder,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Box<dyn Lease>, SinkError>> {
-        Box::pin(async move {
-            let lease = fence::claim(Arc::clone(&self.shared), holder, lease).await?;
-            Ok(Box::new(lease) as Box<dyn Lease>)
-        })
-    }
-
     fn history(&self) -> BoxFuture<'_, Result<super::SinkHistory, SinkError>> {
         Box::pin(snapshot::history(&self.shared))
     }
@@ -426,15 +479,6 @@ impl SinkConnector for MysqlConnector {
         })
     }
 
-    fn recreated_tables(&self) -> BoxFuture<'_, Result<Vec<String>, SinkError>> {
-        Box::pin(async move {
-            let mut conn = self.shared.connect().await?;
-            let result = tables::recreated_empty(&mut conn, &self.shared).await;
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
-            result
-        })
-    }
-
     fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
             let mut conn = self.shared.connect().await?;
@@ -443,58 +487,25 @@ impl SinkConnector for MysqlConnector {
             result
         })
     }
+}
 
-    fn alter_column_sql<'a>(
-        &'a self,
-        table: &'a Table,
-        column: &'a str,
-    ) -> BoxFuture<'a, Option<String>> {
-        Box::pin(async move {
-            let col = table.columns.iter().find(|c| c.name == column)?;
-            let kind = ddl::column_type(col, col.is_key).ok()?;
-            let mut sql = String::from("ALTER TABLE ");
-            sql.push_str(&schema::target(&self.shared.options.database, table));
-            sql.push_str(" MODIFY ");
-            literal::push_ident(&mut sql, column);
-            sql.push(' ');
-            sql.push_str(&kind);
-            sql.push_str(" (keep the column's NULL or NOT NULL and its default)");
-            Some(sql)
-        })
-    }
-
-    fn dead_letters(&self) -> BoxFuture<'_, Result<Vec<super::DeadLetterRecord>, SinkError>> {
-        Box::pin(async move {
-            let shared = &self.shared;
-            let table = &shared.options.dead_letter_table;
-            let mut conn = shared.connect().await?;
-            let result = dead_letter::list(&mut conn, shared, table)
-                .await
-                .map_err(|e| sink_error(shared.sink(), &format!("reading {table}"), &e));
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
-            result
-        })
-    }
-
-    fn snapshot_state(&self) -> BoxFuture<'_, Result<super::SnapshotState, SinkError>> {
+impl SnapshotTarget for MysqlConnector {
+    fn state(&self) -> BoxFuture<'_, Result<super::SnapshotState, SinkError>> {
         Box::pin(snapshot::state(&self.shared))
     }
 
-    fn snapshot_begin<'a>(
+    fn begin<'a>(
         &'a self,
         chunks: &'a [super::SnapshotChunk],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(snapshot::begin(&self.shared, chunks))
     }
 
-    fn snapshot_clear<'a>(
-        &'a self,
-        tables: &'a [Arc<Table>],
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
+    fn clear<'a>(&'a self, tables: &'a [Arc<Table>]) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(snapshot::clear(&self.shared, tables))
     }
 
-    fn snapshot_load<'a>(
+    fn load<'a>(
         &'a self,
         chunk: &'a super::SnapshotChunk,
         changes: &'a [Arc<Change>],
@@ -503,7 +514,7 @@ impl SinkConnector for MysqlConnector {
         Box::pin(snapshot::load(&self.shared, &self.snapshot, chunk, input))
     }
 
-    fn snapshot_load_rows<'a>(
+    fn load_rows<'a>(
         &'a self,
         chunk: &'a super::SnapshotChunk,
         table: &'a Arc<Table>,
@@ -513,7 +524,7 @@ impl SinkConnector for MysqlConnector {
         Box::pin(snapshot::load(&self.shared, &self.snapshot, chunk, input))
     }
 
-    fn snapshot_finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+    fn finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(snapshot::finish(&self.shared))
     }
 }

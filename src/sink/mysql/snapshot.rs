@@ -169,7 +169,7 @@ fn state_error(shared: &Shared, doing: &str, e: &mysql_async::Error) -> SinkErro
     sink_error(shared.sink(), &format!("{doing} in {TABLE}"), e)
 }
 
-/// What the sink holds of the pipeline (see `SinkConnector::history`).
+/// What the sink holds of the pipeline (see `CheckpointStore::history`).
 pub(super) async fn history(shared: &Shared) -> Result<crate::sink::SinkHistory, SinkError> {
     let mut conn = shared.connect().await?;
     let result = async {

@@ -63,7 +63,10 @@ use tokio_postgres::{Client, NoTls};
 use self::errors::sink_error;
 use self::lane::PostgresLane;
 use self::sql::qualified;
-use super::{BoxFuture, LaneSink, Lease, SinkConnector, SinkError, SnapshotChunk, SnapshotState};
+use super::{
+    BoxFuture, CheckpointStore, CopyTextTarget, LaneSink, Lease, SinkConnector, SinkError,
+    SnapshotChunk, SnapshotState, SnapshotTarget,
+};
 use crate::change::{Change, Position, Table};
 use crate::checkpoint::{Holder, LaneKey};
 
@@ -315,39 +318,6 @@ impl SinkConnector for PostgresConnector {
         })
     }
 
-    fn durable_frontier(&self, lanes: u32) -> BoxFuture<'_, Result<Option<Position>, SinkError>> {
-        Box::pin(async move {
-            let shared = &self.shared;
-            let client = shared.connect().await?;
-            let key = shared.lane_key(0, lanes);
-            checkpoint::frontier(&client, shared.checkpoint_schema(), &key)
-                .await
-                .map_err(|e| {
-                    sink_error(
-                        shared.sink(),
-                        &format!(
-                            "reading the durable frontier from {}",
-                            qualified(shared.checkpoint_schema(), crate::checkpoint::TABLE)
-                        ),
-                        &e,
-                    )
-                })
-        })
-    }
-
-    fn advance_frontier(
-        &self,
-        lanes: u32,
-        frontier: Position,
-    ) -> BoxFuture<'_, Result<(), SinkError>> {
-        Box::pin(async move {
-            let shared = &self.shared;
-            let client = shared.connect().await?;
-            let key = shared.lane_key(0, lanes);
-            checkpoint::advance(&client, shared, &key, frontier).await
-        })
-    }
-
     fn claim<'a>(
         &'a self,
         holder: &'a Holder,
@@ -359,48 +329,10 @@ impl SinkConnector for PostgresConnector {
         })
     }
 
-    fn history(&self) -> BoxFuture<'_, Result<super::SinkHistory, SinkError>> {
-        Box::pin(snapshot::history(&self.shared))
-    }
-
-    fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        Box::pin(async move {
-            let client = self.shared.connect().await?;
-            checkpoint::reset(&client, &self.shared).await?;
-            tables::forget(&client, &self.shared, None).await
-        })
-    }
-
-    fn table_records(
-        &self,
-    ) -> BoxFuture<'_, Result<Vec<crate::checkpoint::TableRecord>, SinkError>> {
-        Box::pin(async move {
-            let client = self.shared.connect().await?;
-            tables::load(&client, &self.shared).await
-        })
-    }
-
-    fn record_table<'a>(
-        &'a self,
-        record: &'a crate::checkpoint::TableRecord,
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(async move {
-            let client = self.shared.connect().await?;
-            tables::record(&client, &self.shared, record).await
-        })
-    }
-
     fn recreated_tables(&self) -> BoxFuture<'_, Result<Vec<String>, SinkError>> {
         Box::pin(async move {
             let client = self.shared.connect().await?;
             tables::recreated_empty(&client, &self.shared).await
-        })
-    }
-
-    fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(async move {
-            let client = self.shared.connect().await?;
-            tables::forget(&client, &self.shared, Some(table)).await
         })
     }
 
@@ -443,25 +375,102 @@ impl SinkConnector for PostgresConnector {
         })
     }
 
-    fn snapshot_state(&self) -> BoxFuture<'_, Result<SnapshotState, SinkError>> {
+    fn checkpoints(&self) -> &dyn CheckpointStore {
+        self
+    }
+
+    fn snapshot(&self) -> Option<&dyn SnapshotTarget> {
+        Some(self)
+    }
+}
+
+impl CheckpointStore for PostgresConnector {
+    fn durable_frontier(&self, lanes: u32) -> BoxFuture<'_, Result<Option<Position>, SinkError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            let client = shared.connect().await?;
+            let key = shared.lane_key(0, lanes);
+            checkpoint::frontier(&client, shared.checkpoint_schema(), &key)
+                .await
+                .map_err(|e| {
+                    sink_error(
+                        shared.sink(),
+                        &format!(
+                            "reading the durable frontier from {}",
+                            qualified(shared.checkpoint_schema(), crate::checkpoint::TABLE)
+                        ),
+                        &e,
+                    )
+                })
+        })
+    }
+
+    fn advance_frontier(
+        &self,
+        lanes: u32,
+        frontier: Position,
+    ) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let shared = &self.shared;
+            let client = shared.connect().await?;
+            let key = shared.lane_key(0, lanes);
+            checkpoint::advance(&client, shared, &key, frontier).await
+        })
+    }
+
+    fn history(&self) -> BoxFuture<'_, Result<super::SinkHistory, SinkError>> {
+        Box::pin(snapshot::history(&self.shared))
+    }
+
+    fn reset_checkpoints(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let client = self.shared.connect().await?;
+            checkpoint::reset(&client, &self.shared).await?;
+            tables::forget(&client, &self.shared, None).await
+        })
+    }
+
+    fn table_records(
+        &self,
+    ) -> BoxFuture<'_, Result<Vec<crate::checkpoint::TableRecord>, SinkError>> {
+        Box::pin(async move {
+            let client = self.shared.connect().await?;
+            tables::load(&client, &self.shared).await
+        })
+    }
+
+    fn record_table<'a>(
+        &'a self,
+        record: &'a crate::checkpoint::TableRecord,
+    ) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let client = self.shared.connect().await?;
+            tables::record(&client, &self.shared, record).await
+        })
+    }
+
+    fn forget_table<'a>(&'a self, table: &'a str) -> BoxFuture<'a, Result<(), SinkError>> {
+        Box::pin(async move {
+            let client = self.shared.connect().await?;
+            tables::forget(&client, &self.shared, Some(table)).await
+        })
+    }
+}
+
+impl SnapshotTarget for PostgresConnector {
+    fn state(&self) -> BoxFuture<'_, Result<SnapshotState, SinkError>> {
         Box::pin(snapshot::state(&self.shared))
     }
 
-    fn snapshot_begin<'a>(
-        &'a self,
-        chunks: &'a [SnapshotChunk],
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
+    fn begin<'a>(&'a self, chunks: &'a [SnapshotChunk]) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(snapshot::begin(&self.shared, chunks))
     }
 
-    fn snapshot_clear<'a>(
-        &'a self,
-        tables: &'a [Arc<Table>],
-    ) -> BoxFuture<'a, Result<(), SinkError>> {
+    fn clear<'a>(&'a self, tables: &'a [Arc<Table>]) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(snapshot::clear(&self.shared, tables))
     }
 
-    fn snapshot_load<'a>(
+    fn load<'a>(
         &'a self,
         chunk: &'a SnapshotChunk,
         changes: &'a [Arc<Change>],
@@ -469,7 +478,7 @@ impl SinkConnector for PostgresConnector {
         Box::pin(snapshot::load(&self.shared, &self.snapshot, chunk, changes))
     }
 
-    fn snapshot_load_rows<'a>(
+    fn load_rows<'a>(
         &'a self,
         chunk: &'a SnapshotChunk,
         table: &'a Arc<Table>,
@@ -484,11 +493,17 @@ impl SinkConnector for PostgresConnector {
         ))
     }
 
-    fn takes_copy_text(&self) -> bool {
-        true
+    fn finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(snapshot::finish(&self.shared))
     }
 
-    fn snapshot_load_text<'a>(
+    fn copy_text(&self) -> Option<&dyn CopyTextTarget> {
+        Some(self)
+    }
+}
+
+impl CopyTextTarget for PostgresConnector {
+    fn load_text<'a>(
         &'a self,
         chunk: &'a SnapshotChunk,
         table: &'a Arc<Table>,
@@ -503,10 +518,6 @@ impl SinkConnector for PostgresConnector {
             text,
             rows,
         ))
-    }
-
-    fn snapshot_finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        Box::pin(snapshot::finish(&self.shared))
     }
 }
 

@@ -90,7 +90,7 @@ fn state_error(shared: &Shared, doing: &str, e: &tokio_postgres::Error) -> SinkE
     )
 }
 
-/// What the sink holds of the pipeline (see `SinkConnector::history`).
+/// What the sink holds of the pipeline (see `CheckpointStore::history`).
 pub(super) async fn history(shared: &Shared) -> Result<crate::sink::SinkHistory, SinkError> {
     let client = shared.connect().await?;
     let err = |e: tokio_postgres::Error| state_error(shared, "reading the snapshot state", &e);
@@ -333,7 +333,7 @@ async fn load_groups(
     load_payload(shared, pool, chunk, Payload::Rows(groups), rows).await
 }
 
-/// Loads a chunk still in the source's COPY text format (see `SinkConnector::takes_copy_text`).
+/// Loads a chunk still in the source's COPY text format (see `CopyTextTarget`).
 pub(super) async fn load_text(
     shared: &Shared,
     pool: &Pool,
