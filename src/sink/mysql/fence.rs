@@ -20,7 +20,7 @@ use mysql_async::prelude::Queryable;
 
 use super::errors::{connection_lost, sink_error};
 use super::literal::{push_ident, push_str};
-use super::{CLOSE_TIMEOUT, Shared};
+use super::{Shared, close};
 use crate::checkpoint::fence::{self, FENCE_TABLE, FenceRow, Holder, STARTING_RETRIES, Verdict};
 use crate::sink::{BoxFuture, Lease, SinkError};
 
@@ -153,10 +153,6 @@ async fn read_row(
             stopped,
         }),
     )
-}
-
-async fn close(conn: Conn) {
-    let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
 }
 
 /// The claim of one MySQL sink (see the module docs).

@@ -10,7 +10,7 @@ use mysql_async::prelude::Queryable;
 use super::errors::{self, sink_error};
 use super::literal::{push_ident, push_value};
 use super::plan::{Plan, StmtInfo};
-use super::{CLOSE_TIMEOUT, ROLLBACK_TIMEOUT, Shared, checkpoint, dead_letter, fence, unique};
+use super::{ROLLBACK_TIMEOUT, Shared, checkpoint, close, dead_letter, fence, unique};
 use crate::change::{Change, Position, Table, Value};
 use crate::error::ErrorClass;
 use crate::sink::{Batch, BoxFuture, DeadLetter, LaneSink, ParkedKey, SinkError, SinkErrorKind};
@@ -242,7 +242,7 @@ impl MysqlLane {
     /// dead); the server rolls back whatever transaction it had open.
     pub(super) async fn drop_conn(&mut self) {
         if let Some(conn) = self.conn.take() {
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
         }
         self.in_tx = false;
     }

@@ -33,6 +33,7 @@ mod dead_letter;
 mod errors;
 mod evolve;
 mod fence;
+mod infile;
 mod lane;
 
 use self::lane::MysqlLane;
@@ -128,7 +129,7 @@ struct Shared {
 pub struct MysqlConnector {
     shared: Arc<Shared>,
     /// Connections for initial snapshot chunks.
-    snapshot: snapshot::Loader,
+    snapshot: infile::Loader,
 }
 
 impl fmt::Debug for MysqlConnector {
@@ -161,7 +162,7 @@ impl MysqlConnector {
                 types: schema::SinkTypes::default(),
                 epoch: AtomicU64::new(0),
             }),
-            snapshot: snapshot::Loader::default(),
+            snapshot: infile::Loader::default(),
         }
     }
 }
@@ -209,6 +210,11 @@ impl Shared {
             lanes,
         }
     }
+}
+
+/// Closes a connection, giving the server at most [`CLOSE_TIMEOUT`] to say goodbye.
+async fn close(conn: Conn) {
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
 }
 
 impl SinkConnector for MysqlConnector {
@@ -262,7 +268,7 @@ impl SinkConnector for MysqlConnector {
             for table in tables {
                 let fitted = evolve::fit(&mut conn, shared.sink(), &o.database, table, false);
                 if let Err(e) = fitted.await {
-                    let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+                    close(conn).await;
                     return Err(e);
                 }
             }
@@ -275,7 +281,7 @@ impl SinkConnector for MysqlConnector {
                 &shared.types,
             )
             .await;
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
             result
         })
     }
@@ -339,7 +345,7 @@ impl SinkConnector for MysqlConnector {
         Box::pin(async move {
             let mut conn = self.shared.connect().await?;
             let result = tables::recreated_empty(&mut conn, &self.shared).await;
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
             result
         })
     }
@@ -371,7 +377,7 @@ impl SinkConnector for MysqlConnector {
             let result = dead_letter::list(&mut conn, shared, table)
                 .await
                 .map_err(|e| sink_error(shared.sink(), &format!("reading {table}"), &e));
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
             result
         })
     }
@@ -403,7 +409,7 @@ impl CheckpointStore for MysqlConnector {
                         &e,
                     )
                 });
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
             result
         })
     }
@@ -435,7 +441,7 @@ impl CheckpointStore for MysqlConnector {
                 conn.query_drop(sql).await.map_err(err)
             }
             .await;
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
             result
         })
     }
@@ -451,7 +457,7 @@ impl CheckpointStore for MysqlConnector {
             if result.is_ok() {
                 result = tables::forget(&mut conn, &self.shared, None).await;
             }
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
             result
         })
     }
@@ -462,7 +468,7 @@ impl CheckpointStore for MysqlConnector {
         Box::pin(async move {
             let mut conn = self.shared.connect().await?;
             let result = tables::load(&mut conn, &self.shared).await;
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
             result
         })
     }
@@ -474,7 +480,7 @@ impl CheckpointStore for MysqlConnector {
         Box::pin(async move {
             let mut conn = self.shared.connect().await?;
             let result = tables::record(&mut conn, &self.shared, record).await;
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
             result
         })
     }
@@ -483,7 +489,7 @@ impl CheckpointStore for MysqlConnector {
         Box::pin(async move {
             let mut conn = self.shared.connect().await?;
             let result = tables::forget(&mut conn, &self.shared, Some(table)).await;
-            let _ = tokio::time::timeout(CLOSE_TIMEOUT, conn.disconnect()).await;
+            close(conn).await;
             result
         })
     }
@@ -510,8 +516,8 @@ impl SnapshotTarget for MysqlConnector {
         chunk: &'a super::SnapshotChunk,
         changes: &'a [Arc<Change>],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
-        let input = snapshot::Input::Changes(changes);
-        Box::pin(snapshot::load(&self.shared, &self.snapshot, chunk, input))
+        let input = infile::Input::Changes(changes);
+        Box::pin(infile::load(&self.shared, &self.snapshot, chunk, input))
     }
 
     fn load_rows<'a>(
@@ -520,8 +526,8 @@ impl SnapshotTarget for MysqlConnector {
         table: &'a Arc<Table>,
         rows: &'a [Vec<Value>],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
-        let input = snapshot::Input::Rows(table, rows);
-        Box::pin(snapshot::load(&self.shared, &self.snapshot, chunk, input))
+        let input = infile::Input::Rows(table, rows);
+        Box::pin(infile::load(&self.shared, &self.snapshot, chunk, input))
     }
 
     fn finish(&self) -> BoxFuture<'_, Result<(), SinkError>> {

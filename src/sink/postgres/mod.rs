@@ -39,6 +39,7 @@
 //! The initial snapshot's bulk path (`COPY` into the target tables) and the snapshot state
 //! table are in `snapshot.rs`.
 
+mod bulk;
 mod checkpoint;
 mod copy;
 mod dead_letter;
@@ -137,7 +138,7 @@ struct Shared {
 pub struct PostgresConnector {
     shared: Arc<Shared>,
     /// Connections of the snapshot's bulk path.
-    snapshot: snapshot::Pool,
+    snapshot: bulk::Pool,
 }
 
 impl fmt::Debug for PostgresConnector {
@@ -179,7 +180,7 @@ impl PostgresConnector {
                 epoch: AtomicU64::new(0),
                 fence_keys,
             }),
-            snapshot: snapshot::Pool::default(),
+            snapshot: bulk::Pool::default(),
         }
     }
 }
@@ -475,7 +476,7 @@ impl SnapshotTarget for PostgresConnector {
         chunk: &'a SnapshotChunk,
         changes: &'a [Arc<Change>],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(snapshot::load(&self.shared, &self.snapshot, chunk, changes))
+        Box::pin(bulk::load(&self.shared, &self.snapshot, chunk, changes))
     }
 
     fn load_rows<'a>(
@@ -484,7 +485,7 @@ impl SnapshotTarget for PostgresConnector {
         table: &'a Arc<Table>,
         rows: &'a [Vec<crate::change::Value>],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(snapshot::load_rows(
+        Box::pin(bulk::load_rows(
             &self.shared,
             &self.snapshot,
             chunk,
@@ -510,7 +511,7 @@ impl CopyTextTarget for PostgresConnector {
         text: &'a bytes::Bytes,
         rows: u64,
     ) -> BoxFuture<'a, Result<(), SinkError>> {
-        Box::pin(snapshot::load_text(
+        Box::pin(bulk::load_text(
             &self.shared,
             &self.snapshot,
             chunk,
