@@ -14,11 +14,10 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use super::worker::{LaneConfig, LaneStats};
 use crate::change::Change;
 use crate::error::ErrorClass;
+use crate::retry::{Backoff, Budget};
 use crate::sink::{Batch, LaneSink, SinkError, SinkErrorKind};
 
 /// Retries of a unique-key conflict before it counts as definite.
@@ -47,9 +46,14 @@ pub(super) async fn apply(
     work: Work<'_>,
     conflicts: Conflicts,
 ) -> Result<(), SinkError> {
-    let mut attempt: u32 = 0;
     let mut conflicts_seen: u32 = 0;
-    let mut outage_since: Option<Instant> = None;
+    let mut backoff = Backoff::new(
+        format!(
+            "sink {}: transient sink error; retrying the batch",
+            cfg.sink
+        ),
+        Budget::For(cfg.outage_timeout),
+    );
     loop {
         let call = async {
             match &work {
@@ -82,29 +86,27 @@ pub(super) async fn apply(
         if err.class != ErrorClass::Transient {
             return Err(err);
         }
-        let since = *outage_since.get_or_insert_with(Instant::now);
-        if since.elapsed() >= cfg.outage_timeout {
+        if !backoff.wait(&err).await {
             return Err(SinkError::fatal(format!(
                 "{} (the sink kept failing for {:.0?}, longer than sink_outage_timeout {:?}, over \
-                 {attempt} retries; check that it is up and reachable, then start Zipline again: \
+                 {} retries; check that it is up and reachable, then start Zipline again: \
                  it resumes from the last committed batch)",
                 err.message,
-                since.elapsed(),
-                cfg.outage_timeout
+                backoff.failing_for(),
+                cfg.outage_timeout,
+                backoff.attempts()
             )));
         }
-        attempt += 1;
         stats.retries.fetch_add(1, Ordering::Relaxed);
-        let delay = crate::retry::delay(attempt);
-        tracing::warn!(sink = %cfg.sink, attempt, delay_ms = delay.as_millis() as u64, outage_secs = since.elapsed().as_secs(), error = %err, "transient sink error; retrying the batch");
-        tokio::time::sleep(delay).await;
         // A failed reconnect counts as the next attempt's failure.
         match tokio::time::timeout(cfg.statement_timeout, sink.reconnect()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) if e.class != ErrorClass::Transient => return Err(e),
-            Ok(Err(e)) => tracing::warn!(sink = %cfg.sink, attempt, error = %e, "reconnect failed"),
+            Ok(Err(e)) => {
+                tracing::warn!(sink = %cfg.sink, attempt = backoff.attempts(), error = %e, "reconnect failed")
+            }
             Err(_) => {
-                tracing::warn!(sink = %cfg.sink, attempt, "reconnect got no answer within statement_timeout")
+                tracing::warn!(sink = %cfg.sink, attempt = backoff.attempts(), "reconnect got no answer within statement_timeout")
             }
         }
     }

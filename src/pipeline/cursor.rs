@@ -16,6 +16,7 @@ use super::PipelineError;
 use super::plan::Plan;
 use crate::change::Position;
 use crate::error::ErrorClass;
+use crate::retry::{Backoff, Budget};
 use crate::source::Frontier;
 
 /// Record the frontier in the sinks at most this often while running.
@@ -33,7 +34,13 @@ fn whole(frontier: Frontier) -> Position {
 pub(super) async fn resume(plan: &Plan) -> Result<Option<Position>, PipelineError> {
     let mut lowest: Option<Position> = None;
     for sink in &plan.sinks {
-        let mut attempt = 0;
+        let mut backoff = Backoff::new(
+            format!(
+                "sink {}: cannot read the checkpoints yet; retrying",
+                sink.connector.name()
+            ),
+            Budget::Retries(READ_RETRIES),
+        );
         let frontier = loop {
             match sink
                 .connector
@@ -42,11 +49,7 @@ pub(super) async fn resume(plan: &Plan) -> Result<Option<Position>, PipelineErro
                 .await
             {
                 Ok(f) => break f,
-                Err(e) if e.class == ErrorClass::Transient && attempt < READ_RETRIES => {
-                    attempt += 1;
-                    tracing::warn!(sink = %sink.connector.name(), attempt, error = %e, "cannot read the sink's checkpoints yet; retrying");
-                    tokio::time::sleep(crate::retry::delay(attempt)).await;
-                }
+                Err(e) if e.class == ErrorClass::Transient && backoff.wait(&e).await => {}
                 Err(error) => {
                     return Err(PipelineError::Sink {
                         connector: sink.connector.name().to_owned(),

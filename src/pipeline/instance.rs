@@ -10,6 +10,7 @@ use tokio::task::JoinHandle;
 
 use crate::checkpoint::Holder;
 use crate::error::ErrorClass;
+use crate::retry::{Backoff, Budget};
 use crate::sink::{Lease, SinkConnector, SinkError};
 
 /// How long a stop waits for the renewing task and for each release.
@@ -58,16 +59,14 @@ async fn claim_one(
     holder: &Holder,
     lease: Duration,
 ) -> Result<Box<dyn Lease>, SinkError> {
-    let mut attempt = 0;
+    let mut backoff = Backoff::new(
+        format!("sink {}: cannot claim the sink yet; retrying", sink.name()),
+        Budget::Retries(10),
+    );
     loop {
         match sink.claim(holder, lease).await {
             Ok(l) => return Ok(l),
-            Err(e) if e.class == ErrorClass::Transient && attempt < 10 => {
-                attempt += 1;
-                let delay = crate::retry::delay(attempt);
-                tracing::warn!(sink = sink.name(), attempt, delay_ms = delay.as_millis() as u64, error = %e, "cannot claim the sink yet; retrying");
-                tokio::time::sleep(delay).await;
-            }
+            Err(e) if e.class == ErrorClass::Transient && backoff.wait(&e).await => {}
             Err(e) => return Err(e),
         }
     }

@@ -61,14 +61,18 @@ pub(super) fn recorder(
 
 async fn write(sinks: &[Arc<dyn SinkConnector>], record: &TableRecord) {
     for sink in sinks {
-        let mut attempt = 0;
+        let mut backoff = crate::retry::Backoff::new(
+            format!(
+                "sink {}: cannot record the shape of table {} yet; retrying",
+                sink.name(),
+                record.name()
+            ),
+            crate::retry::Budget::Retries(5),
+        );
         loop {
             match sink.checkpoints().record_table(record).await {
                 Ok(()) => break,
-                Err(e) if e.class == ErrorClass::Transient && attempt < 5 => {
-                    attempt += 1;
-                    tokio::time::sleep(crate::retry::delay(attempt)).await;
-                }
+                Err(e) if e.class == ErrorClass::Transient && backoff.wait(&e).await => {}
                 Err(e) => {
                     tracing::warn!(sink = sink.name(), table = %record.name(), error = %e, "could not record the table's shape");
                     break;

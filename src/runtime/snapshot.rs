@@ -9,6 +9,7 @@ use super::route::{Tables, Transformer};
 use crate::change::{Change, Op, Position, Table, Value};
 use crate::checkpoint::{SnapshotChunk, SnapshotState};
 use crate::error::ErrorClass;
+use crate::retry::{Backoff, Budget};
 use crate::sink::{SinkConnector, SinkError, SnapshotTarget};
 use crate::source::SourceError;
 use crate::source::snapshot::{Rows, SnapshotWriter};
@@ -148,7 +149,10 @@ impl SnapshotWriter for SinkSnapshots {
             };
             let name = t.sink.name();
             let sink = self.of(target)?;
-            let mut attempt = 0;
+            let mut backoff = Backoff::new(
+                format!("sink {name}: loading snapshot {chunk} failed; retrying"),
+                Budget::Retries(MAX_ATTEMPTS),
+            );
             loop {
                 let result = match (&transformed, rows) {
                     (Some(changes), _) => sink.load(chunk, changes).await,
@@ -162,12 +166,7 @@ impl SnapshotWriter for SinkSnapshots {
                 };
                 match result {
                     Ok(()) => return Ok(()),
-                    Err(e) if e.class == ErrorClass::Transient && attempt < MAX_ATTEMPTS => {
-                        attempt += 1;
-                        let delay = crate::retry::delay(attempt);
-                        tracing::warn!(connector = %self.connector, sink = name, chunk = %chunk, attempt, delay_ms = delay.as_millis() as u64, error = %e.message, "loading a snapshot chunk failed; retrying");
-                        tokio::time::sleep(delay).await;
-                    }
+                    Err(e) if e.class == ErrorClass::Transient && backoff.wait(&e).await => {}
                     Err(e) => return Err(source_error(e)),
                 }
             }

@@ -28,6 +28,7 @@ use super::spill::Spill;
 use super::{PostgresSourceOptions, quote_ident, quote_literal};
 use crate::change::{Change, Lsn, Position};
 use crate::error::{Classify, ErrorClass};
+use crate::retry::{Backoff, Budget};
 use crate::source::emitter::{Emitter, Event, Frontier};
 use crate::source::{SourceError, SourceIo, SourceStats, StopMode};
 
@@ -167,7 +168,10 @@ pub(crate) async fn run(
         streaming: None,
         params: params.clone(),
     };
-    let mut failures = 0u32;
+    let mut backoff = Backoff::new(
+        format!("{}: replication stream lost; reconnecting", opts.connector),
+        Budget::Retries(MAX_RECONNECTS),
+    );
     let mut start = slot_lsn;
     loop {
         let before = st.received;
@@ -177,10 +181,9 @@ pub(crate) async fn run(
             Err(e) => return Err(e),
         };
         if st.received > before {
-            failures = 0;
+            backoff.reset();
         }
-        failures += 1;
-        if failures > MAX_RECONNECTS {
+        if backoff.attempts() >= MAX_RECONNECTS {
             return Err(SourceError::fatal(format!(
                 "{}: giving up after {MAX_RECONNECTS} reconnect attempts: {}",
                 opts.connector, err.message
@@ -204,9 +207,10 @@ pub(crate) async fn run(
         st.relations.reset();
         st.streaming = None;
         st.spill.reset().map_err(|e| spill_error(st.opts, &e))?;
-        let delay = crate::retry::delay(failures);
-        tracing::warn!(connector = %opts.connector, attempt = failures, delay_ms = delay.as_millis() as u64, error = %err, "replication stream lost; reconnecting");
-        tokio::time::sleep(delay).await;
+        tokio::select! {
+            _ = backoff.wait(&err) => {}
+            _ = wait_stop(&mut st.stop) => return Ok(()),
+        }
     }
 }
 

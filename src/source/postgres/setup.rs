@@ -6,8 +6,8 @@
 //! Catalog queries: <https://www.postgresql.org/docs/15/catalogs.html>.
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use crate::retry::{Backoff, Budget};
 use tokio_postgres::{Client, NoTls};
 
 use super::conn::ConnectParams;
@@ -41,7 +41,13 @@ pub(crate) async fn connect_sql_with(
     if let Some(pw) = &params.password {
         cfg.password(pw);
     }
-    let mut attempt = 0;
+    let mut backoff = Backoff::new(
+        format!(
+            "cannot reach PostgreSQL at {}:{} yet; retrying",
+            params.host, params.port
+        ),
+        Budget::Retries(retries),
+    );
     loop {
         // tokio-postgres's connect_timeout covers the TCP connect only; a server that accepts
         // and then never answers the startup handshake must time out too.
@@ -61,13 +67,9 @@ pub(crate) async fn connect_sql_with(
             }
             Err(e) => {
                 let db_error = matches!(&e, ConnectFailure::Driver(d) if d.as_db_error().is_some());
-                attempt += 1;
-                if db_error || attempt > retries {
-                    return Err(connect_error(params, &e, attempt, db_error));
+                if db_error || !backoff.wait(&e.reason(params)).await {
+                    return Err(connect_error(params, &e, backoff.attempts() + 1, db_error));
                 }
-                let delay = Duration::from_millis(200 * (1 << attempt.min(5)));
-                tracing::warn!(host = %params.host, port = params.port, attempt, retries, delay_ms = delay.as_millis() as u64, error = %e.reason(params), "cannot reach PostgreSQL yet; retrying");
-                tokio::time::sleep(delay).await;
             }
         }
     }
@@ -483,8 +485,13 @@ pub(crate) async fn drop_slot(
     slot: &str,
     patience: std::time::Duration,
 ) -> Result<(), SourceError> {
-    let deadline = tokio::time::Instant::now() + patience;
-    let mut attempt = 0;
+    let mut backoff = Backoff::new(
+        format!(
+            "replication slot {slot} is still in use by a walsender of an earlier \
+             connection; waiting for it to end (wal_sender_timeout)"
+        ),
+        Budget::For(patience),
+    );
     loop {
         match client
             .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
@@ -496,13 +503,7 @@ pub(crate) async fn drop_slot(
             }
             Err(e)
                 if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                attempt += 1;
-                let delay = crate::retry::delay(attempt);
-                tracing::warn!(slot, attempt, error = %e, "the slot is still in use by a walsender of an earlier connection; waiting for it to end (wal_sender_timeout)");
-                tokio::time::sleep(delay).await;
-            }
+                    && backoff.wait(&e).await => {}
             Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_OBJECT) => {
                 return Ok(());
             }

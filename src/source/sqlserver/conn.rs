@@ -68,21 +68,21 @@ pub(crate) async fn connect(opts: &SqlServerSourceOptions) -> Result<Conn, Sourc
 pub(crate) async fn connect_with_retries(
     opts: &SqlServerSourceOptions,
 ) -> Result<Conn, SourceError> {
-    let mut attempt = 0u32;
+    let mut backoff = crate::retry::Backoff::new(
+        format!("{}: cannot reach SQL Server yet; retrying", opts.connector),
+        crate::retry::Budget::Retries(opts.connect_retries),
+    );
     loop {
         match connect(opts).await {
             Ok(conn) => return Ok(conn),
             Err(e) if e.class == crate::error::ErrorClass::Transient => {
-                attempt += 1;
-                if attempt > opts.connect_retries {
+                if !backoff.wait(&e).await {
                     return Err(SourceError::fatal(format!(
                         "{} (gave up after {} attempts)",
-                        e.message, attempt
+                        e.message,
+                        backoff.attempts() + 1
                     )));
                 }
-                let delay = crate::retry::delay(attempt);
-                tracing::warn!(connector = %opts.connector, attempt, delay_ms = delay.as_millis() as u64, error = %e, "cannot reach SQL Server yet; retrying");
-                tokio::time::sleep(delay).await;
             }
             Err(e) => return Err(e),
         }

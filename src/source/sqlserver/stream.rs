@@ -31,6 +31,7 @@ use super::sql;
 use super::{SnapshotMode, SqlServerSourceOptions};
 use crate::change::{Lsn, Position, now_micros_since_2000};
 use crate::error::ErrorClass;
+use crate::retry::{Backoff, Budget};
 use crate::source::emitter::{Emitter, Event};
 use crate::source::{SourceError, SourceIo, SourceStats, StopMode};
 
@@ -85,7 +86,13 @@ pub(super) async fn run(
         phase: Phase::Resume(start),
         lo: Lsn(0),
     };
-    let mut failures = 0u32;
+    let mut backoff = Backoff::new(
+        format!(
+            "{}: SQL Server connection lost; reconnecting",
+            opts.connector
+        ),
+        Budget::Retries(MAX_RECONNECTS),
+    );
     loop {
         let before = (st.stats.received.load(Ordering::Relaxed), st.lo);
         let err = match session(&mut st).await {
@@ -96,10 +103,9 @@ pub(super) async fn run(
         };
         // A session that got anywhere (changes, or an idle window) resets the count.
         if (st.stats.received.load(Ordering::Relaxed), st.lo) != before {
-            failures = 0;
+            backoff.reset();
         }
-        failures += 1;
-        if failures > MAX_RECONNECTS {
+        if backoff.attempts() >= MAX_RECONNECTS {
             return Err(SourceError::fatal(format!(
                 "{}: giving up after {MAX_RECONNECTS} reconnect attempts: {}",
                 opts.connector, err.message
@@ -114,10 +120,9 @@ pub(super) async fn run(
         if !rewound {
             return on_stop(&mut st).await;
         }
-        let delay = crate::retry::delay(failures);
-        tracing::warn!(connector = %opts.connector, attempt = failures, delay_ms = delay.as_millis() as u64, error = %err, "SQL Server connection lost; reconnecting");
-        if pause(&mut st, delay).await? == Flow::Stop {
-            return on_stop(&mut st).await;
+        tokio::select! {
+            _ = backoff.wait(&err) => {}
+            () = stopped(&mut st.stop) => return on_stop(&mut st).await,
         }
     }
 }

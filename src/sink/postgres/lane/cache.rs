@@ -57,7 +57,11 @@ impl PostgresLane {
         Ok(out)
     }
 
-    pub(super) async fn sink_table(&mut self, table: &Table, reload: bool) -> Result<Arc<SinkTable>, Failure> {
+    pub(super) async fn sink_table(
+        &mut self,
+        table: &Table,
+        reload: bool,
+    ) -> Result<Arc<SinkTable>, Failure> {
         let schema = self.shared.target_schema(table).to_owned();
         let key = (schema, table.name.clone());
         if !reload && let Some(t) = self.tables.get(&key) {
@@ -109,7 +113,12 @@ impl PostgresLane {
     /// The error for a source column the sink table lacks. The cached definition may be
     /// stale (the column was just added on both sides): it is dropped, so the retry after a
     /// restart reads it again.
-    pub(super) fn missing_column(&mut self, table: &Table, sink: &SinkTable, column: &str) -> SinkError {
+    pub(super) fn missing_column(
+        &mut self,
+        table: &Table,
+        sink: &SinkTable,
+        column: &str,
+    ) -> SinkError {
         let schema = self.shared.target_schema(table).to_owned();
         self.tables.remove(&(schema, table.name.clone()));
         SinkError::fatal(format!(

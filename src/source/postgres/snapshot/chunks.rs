@@ -176,7 +176,13 @@ async fn read_chunk(
     chunk: &SnapshotChunk,
     as_text: bool,
 ) -> Result<Read, SourceError> {
-    let mut attempt = 0;
+    let mut backoff = crate::retry::Backoff::new(
+        format!(
+            "{}: reading {chunk} failed; reconnecting with a new snapshot",
+            shared.connector
+        ),
+        crate::retry::Budget::Retries(MAX_ATTEMPTS),
+    );
     loop {
         let read = if as_text {
             reader
@@ -188,11 +194,7 @@ async fn read_chunk(
         };
         match read {
             Ok(read) => return Ok(read),
-            Err(e) if e.class == ErrorClass::Transient && attempt < MAX_ATTEMPTS => {
-                attempt += 1;
-                let delay = crate::retry::delay(attempt);
-                tracing::warn!(connector = %shared.connector, chunk = %chunk, attempt, error = %e, "snapshot read failed; reconnecting with a new snapshot");
-                tokio::time::sleep(delay).await;
+            Err(e) if e.class == ErrorClass::Transient && backoff.wait(&e).await => {
                 match Reader::open(&shared.params, shared.retries, None).await {
                     Ok(fresh) => *reader = fresh,
                     Err(e) if e.class == ErrorClass::Transient => {}
