@@ -11,6 +11,7 @@ pub mod error;
 pub mod lane;
 pub mod pipeline;
 pub mod retry;
+pub mod tls;
 pub mod runtime;
 pub mod sink;
 pub mod source;

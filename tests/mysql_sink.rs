@@ -30,6 +30,7 @@ fn options(db: &MariaDb) -> MysqlSinkOptions {
         connect_timeout: Duration::from_secs(5),
         dead_letter_table: "_zipline_dead_letters".into(),
         create_dead_letter_table: false,
+        tls: Default::default(),
     }
 }
 

@@ -318,6 +318,7 @@ fn options(port: u16, snapshot: SnapshotMode) -> SqlServerSourceOptions {
         poll_interval: Duration::from_millis(50),
         encrypt: false,
         trust_server_certificate: false,
+        tls: None,
         snapshot,
         connect_timeout: Duration::from_secs(5),
         connect_retries: 0,
@@ -886,6 +887,7 @@ async fn mysql_sink_keeps_the_frontier_the_source_resumes_from() {
         connect_timeout: Duration::from_secs(5),
         dead_letter_table: "_zipline_dead_letters".into(),
         create_dead_letter_table: false,
+        tls: Default::default(),
     });
     let table = Arc::new(Table::new(
         "dbo".into(),

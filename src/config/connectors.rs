@@ -50,6 +50,10 @@ const POSTGRES_FIELDS: &[&str] = &[
     "slot_warn_bytes",
     "heartbeat_interval",
     "on_table_recreate",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
 ];
 
 const MYSQL_FIELDS: &[&str] = &[
@@ -71,6 +75,10 @@ const MYSQL_FIELDS: &[&str] = &[
     "sink_outage_timeout",
     "on_error",
     "dead_letter_table",
+    "ssl_mode",
+    "ssl_ca",
+    "ssl_cert",
+    "ssl_key",
 ];
 
 /// Fields that may come from `secret_refs`, the same for both types for now.
@@ -158,6 +166,7 @@ fn postgres(f: &Fields<'_>, refs: &[SecretRef], opts: &LoadOptions) -> Result<Po
         on_table_recreate: f
             .optional("on_table_recreate", &on_table_recreate)?
             .unwrap_or(OnTableRecreate::Stop),
+        tls: super::tls::postgres(f)?,
     })
 }
 
@@ -206,6 +215,7 @@ fn mysql(
         password: secret_field(f, "password", refs, opts)?,
         create_tables: f.optional("create_tables", &boolean)?.unwrap_or(false),
         tuning: sink_tuning(f)?,
+        tls: super::tls::mysql(f)?,
     })
 }
 

@@ -30,6 +30,7 @@ mod postgres_sink;
 mod routes;
 mod secrets;
 mod sqlserver;
+mod tls;
 mod transform;
 
 pub use error::ConfigError;
@@ -40,6 +41,7 @@ pub use model::{
 };
 pub use routes::check_transforms;
 pub use secrets::Secret;
+pub use tls::{ClientCert, RootCerts, SslMode, Tls};
 pub use transform::{OnError, TransformLimits, TransformSpec};
 
 use fields::{Ctx, Fields, Result, duration, identifier, list};

@@ -153,6 +153,8 @@ pub struct PostgresSource {
     /// What a table dropped and created again (or gone from the publication) does
     /// (`on_table_recreate`). Default: stop.
     pub on_table_recreate: OnTableRecreate,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`. Default: `prefer`.
+    pub tls: super::tls::Tls,
 }
 
 /// `on_table_recreate:` of `source/postgres`.
@@ -200,6 +202,9 @@ pub struct SqlServerSource {
     pub encrypt: bool,
     /// Accept the server certificate without validating it. Default false.
     pub trust_server_certificate: bool,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`, when any is given (then `encrypt` and
+    /// `trust_server_certificate` are not).
+    pub tls: Option<super::tls::Tls>,
     /// Copy the existing rows before streaming when the sinks hold no position. Default
     /// [`SqlServerSnapshot::Initial`].
     pub snapshot: SqlServerSnapshot,
@@ -264,6 +269,8 @@ pub struct MysqlSink {
     pub create_tables: bool,
     /// How the sink's lanes batch, queue, connect and retry.
     pub tuning: SinkTuning,
+    /// `ssl_mode`, `ssl_ca`, `ssl_cert`, `ssl_key`. Default: `PREFERRED`.
+    pub tls: super::tls::Tls,
 }
 
 /// `sink/postgres`: PostgreSQL, written by parallel keyed lanes with idempotent batches.
@@ -286,6 +293,8 @@ pub struct PostgresSink {
     pub create_tables: bool,
     /// How the sink's lanes batch, queue, connect and retry.
     pub tuning: SinkTuning,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`. Default: `prefer`.
+    pub tls: super::tls::Tls,
 }
 
 /// Changes of some of a source's tables go, through an optional transform, to every listed
@@ -347,6 +356,7 @@ mod tests {
             user: "u".into(),
             password: Some(Secret::new("pw-value")),
             create_tables: false,
+            tls: Default::default(),
             tuning: SinkTuning {
                 lanes: 4,
                 batch_size: 1000,

@@ -33,6 +33,10 @@ pub(crate) const FIELDS: &[&str] = &[
     "sink_outage_timeout",
     "on_error",
     "dead_letter_table",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
 ];
 
 /// PostgreSQL names are at most NAMEDATALEN - 1 = 63 bytes; the server truncates longer ones,
@@ -54,6 +58,7 @@ pub(crate) fn parse(
         schema: f.optional("schema", &pg_name)?,
         create_tables: f.optional("create_tables", &boolean)?.unwrap_or(false),
         tuning: super::connectors::sink_tuning(f)?,
+        tls: super::tls::postgres(f)?,
     })
 }
 
@@ -117,6 +122,43 @@ connectors:
     }
 
     const REQUIRED: &str = "    host: replica\n    database: shop\n    user: writer\n";
+
+    #[test]
+    fn tls_fields_follow_libpq() {
+        use crate::config::{ClientCert, RootCerts, SslMode, Tls};
+        let o = opts(&[]);
+        let tls = |extra: &str| load(&format!("{REQUIRED}{extra}"), &o).map(|p| sink(&p).tls.clone());
+        assert_eq!(tls("").unwrap(), Tls::default());
+        assert_eq!(tls("").unwrap().mode, SslMode::Prefer);
+        assert_eq!(
+            tls("    sslrootcert: system\n").unwrap(),
+            Tls { mode: SslMode::VerifyFull, roots: Some(RootCerts::System), client: None }
+        );
+        // libpq: `require` with a CA file verifies the chain.
+        assert_eq!(
+            tls("    sslmode: require\n    sslrootcert: /ca.pem\n").unwrap().mode,
+            SslMode::VerifyCa
+        );
+        assert_eq!(
+            tls("    sslmode: verify-ca\n    sslrootcert: /ca.pem\n    sslcert: /c.crt\n    sslkey: /c.key\n")
+                .unwrap(),
+            Tls {
+                mode: SslMode::VerifyCa,
+                roots: Some(RootCerts::File("/ca.pem".into())),
+                client: Some(ClientCert { cert: "/c.crt".into(), key: "/c.key".into() }),
+            }
+        );
+        for (extra, want) in [
+            ("    sslmode: verify-full\n", "connectors[1].sslmode: this mode checks the server's certificate and needs `sslrootcert`"),
+            ("    sslmode: require\n    sslrootcert: system\n", "connectors[1].sslmode: sslmode `require` cannot be used with `sslrootcert: system`"),
+            ("    sslmode: verify_full\n", "connectors[1].sslmode: unknown sslmode `verify_full`"),
+            ("    sslcert: /c.crt\n", "connectors[1].sslcert: a client certificate needs its private key in `sslkey` too"),
+            ("    sslmode: disable\n    sslrootcert: /ca.pem\n", "connectors[1].sslmode: TLS is disabled"),
+        ] {
+            let got = tls(extra).unwrap_err();
+            assert!(got.contains(want), "{extra}: got {got}");
+        }
+    }
 
     #[test]
     fn defaults() {

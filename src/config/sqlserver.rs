@@ -33,6 +33,10 @@ pub(crate) const FIELDS: &[&str] = &[
     "snapshot",
     "connect_timeout",
     "connect_retries",
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
 ];
 
 /// SQL Server identifiers (`sysname`) are at most 128 characters.
@@ -65,7 +69,37 @@ pub(crate) fn parse(
             .optional("connect_timeout", &duration)?
             .unwrap_or(Duration::from_secs(10)),
         connect_retries: f.optional("connect_retries", &retries)?.unwrap_or(5),
+        tls: tls(f)?,
     })
+}
+
+/// libpq's TLS vocabulary where SQL Server's driver can honour it: `verify-ca` cannot be (the
+/// driver checks the host name whenever it checks the chain), and the older `encrypt` /
+/// `trust_server_certificate` pair cannot be mixed with it.
+fn tls(f: &Fields<'_>) -> Result<Option<super::tls::Tls>> {
+    let Some(given) = super::tls::PG_FIELDS.iter().find(|k| f.get(k).is_some()) else {
+        return Ok(None);
+    };
+    for legacy in ["encrypt", "trust_server_certificate"] {
+        if f.get(legacy).is_some() {
+            return Err(f.ctx().err(
+                &f.field_path(legacy),
+                format!(
+                    "`{legacy}` cannot be combined with `{given}`; use sslmode (disable, \
+                     prefer, require, verify-full) instead"
+                ),
+            ));
+        }
+    }
+    let tls = super::tls::postgres(f)?;
+    if tls.mode == super::tls::SslMode::VerifyCa {
+        return Err(f.ctx().err(
+            &f.field_path("sslmode"),
+            "SQL Server connections cannot check the certificate chain without the host name \
+             (the driver always checks both); use `verify-full`, or `require` to skip checks",
+        ));
+    }
+    Ok(Some(tls))
 }
 
 fn sysname(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {

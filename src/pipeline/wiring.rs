@@ -46,6 +46,7 @@ pub(super) async fn preflight_source(
                 stream_in_progress: pg.stream_in_progress,
                 slot_warn_bytes: pg.slot_warn_bytes,
                 heartbeat_interval: pg.heartbeat_interval,
+                tls: pg.tls.clone(),
                 spill_dir: pg.spill_dir.clone().unwrap_or_else(|| {
                     std::env::temp_dir()
                         .join("zipline-spill")
@@ -89,6 +90,7 @@ pub(super) async fn preflight_source(
                 poll_interval: ms.poll_interval,
                 encrypt: ms.encrypt,
                 trust_server_certificate: ms.trust_server_certificate,
+                tls: ms.tls.clone(),
                 snapshot: match ms.snapshot {
                     config::SqlServerSnapshot::Initial => {
                         crate::source::sqlserver::SnapshotMode::Initial
@@ -132,6 +134,7 @@ pub(super) fn sink_plan(
                         connect_timeout: my.tuning.connect_timeout,
                         dead_letter_table: my.tuning.dead_letter_table.clone(),
                         create_dead_letter_table: my.tuning.on_error == config::OnError::DeadLetter,
+                        tls: my.tls.clone(),
                     })
                     .with_create_tables(my.create_tables),
                 ),
@@ -152,6 +155,7 @@ pub(super) fn sink_plan(
                         connect_timeout: pg.tuning.connect_timeout,
                         dead_letter_table: pg.tuning.dead_letter_table.clone(),
                         create_dead_letter_table: pg.tuning.on_error == config::OnError::DeadLetter,
+                        tls: pg.tls.clone(),
                     },
                 )),
                 &pg.tuning,

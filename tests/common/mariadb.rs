@@ -31,6 +31,8 @@ pub struct MariaDb {
     /// The test directory: `data/`, `err.log`, `my.sock`, `my.pid`.
     pub dir: PathBuf,
     child: Option<Child>,
+    /// Extra server options (`start_with`).
+    extra: Vec<String>,
     // Declared last: removed after the server has stopped.
     _tmp: tempfile::TempDir,
 }
@@ -46,6 +48,11 @@ impl std::fmt::Debug for MariaDb {
 
 impl MariaDb {
     pub fn start() -> MariaDb {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with extra `mariadbd` options (after the harness's own).
+    pub fn start_with(extra: &[String]) -> MariaDb {
         let started = Instant::now();
         let template = template();
         let tmp = super::test_dir();
@@ -55,6 +62,7 @@ impl MariaDb {
             port: 0,
             dir,
             child: None,
+            extra: extra.to_vec(),
             _tmp: tmp,
         };
         let mut last = String::new();
@@ -105,6 +113,18 @@ impl MariaDb {
             .unwrap_or_else(|e| panic!("connecting to mariadb :{} db {db:?}: {e}", self.port))
     }
 
+    /// A connection as root over the Unix socket (allowed even with
+    /// `require_secure_transport=ON`).
+    pub async fn socket_conn(&self, db: &str) -> mysql_async::Conn {
+        let opts = mysql_async::OptsBuilder::default()
+            .socket(Some(self.dir.join("my.sock").display().to_string()))
+            .user(Some("root"))
+            .db_name((!db.is_empty()).then_some(db));
+        mysql_async::Conn::new(opts)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to mariadb socket db {db:?}: {e}"))
+    }
+
     /// ``CREATE DATABASE `name` `` (blocking, via the mariadb CLI).
     pub fn create_database(&self, name: &str) {
         self.sql(
@@ -122,15 +142,15 @@ impl MariaDb {
     /// Like [`MariaDb::sql`], but an SQL error is an `Err` carrying the client's stderr.
     pub fn try_sql(&self, db: &str, sql: &str) -> Result<String, String> {
         let mut cmd = Command::new("mariadb");
-        cmd.args([
-            "--no-defaults",
-            "--protocol=TCP",
-            "-h127.0.0.1",
-            "-uroot",
-            "-N",
-            "-B",
-        ])
-        .arg(format!("-P{}", self.port));
+        cmd.args(["--no-defaults", "-uroot", "-N", "-B"]);
+        if self.extra.iter().any(|a| a.contains("require-secure-transport")) {
+            // Plaintext TCP is refused then; the socket counts as secure.
+            cmd.arg("--protocol=SOCKET")
+                .arg(format!("--socket={}", self.dir.join("my.sock").display()));
+        } else {
+            cmd.args(["--protocol=TCP", "-h127.0.0.1"])
+                .arg(format!("-P{}", self.port));
+        }
         if !db.is_empty() {
             cmd.arg(db);
         }
@@ -200,6 +220,7 @@ impl MariaDb {
                 "--character-set-server=utf8mb4",
                 "--collation-server=utf8mb4_general_ci",
             ])
+            .args(&self.extra)
             .current_dir(&self.dir)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -31,6 +31,7 @@
 // Each test binary uses a different subset of the harness.
 #![allow(dead_code, unused_imports)]
 
+pub mod certs;
 pub mod changes;
 mod mariadb;
 mod pg;

@@ -141,6 +141,27 @@ impl Postgres {
         client
     }
 
+    /// A connected client over the Unix socket (which `hostssl`-only `pg_hba.conf` files used
+    /// by the TLS tests still allow).
+    pub async fn local_client(&self, db: &str) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.local_conn_str(db), tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to postgres socket :{} db {db}: {e}", self.port));
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        client
+    }
+
+    /// libpq-style connection string for `db` over the Unix socket, user `postgres`.
+    pub fn local_conn_str(&self, db: &str) -> String {
+        format!(
+            "host={} port={} user=postgres dbname={db} connect_timeout=10",
+            self.dir.display(),
+            self.port
+        )
+    }
+
     /// `CREATE DATABASE name` (blocking, via psql).
     pub fn create_database(&self, name: &str) {
         self.psql(

@@ -303,6 +303,7 @@ pub mod fixtures {
             connect_timeout: Duration::from_secs(5),
             dead_letter_table: "_zipline_dead_letters".into(),
             create_dead_letter_table: false,
+            tls: Default::default(),
         }
     }
 

@@ -94,6 +94,8 @@ pub struct MysqlSinkOptions {
     pub dead_letter_table: String,
     /// Create the dead-letter table when checking the sink (`on_error: dead_letter`).
     pub create_dead_letter_table: bool,
+    /// `ssl_mode`, `ssl_ca`, `ssl_cert`, `ssl_key`.
+    pub tls: crate::config::Tls,
 }
 
 impl fmt::Debug for MysqlSinkOptions {
@@ -108,6 +110,7 @@ impl fmt::Debug for MysqlSinkOptions {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("connect_timeout", &self.connect_timeout)
             .field("dead_letter_table", &self.dead_letter_table)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -117,6 +120,8 @@ struct Shared {
     options: MysqlSinkOptions,
     /// Built once; holds the password, so this type has no derived Debug.
     mysql: Opts,
+    /// `ssl_mode: PREFERRED` only: the same without TLS, for a server that has none.
+    plaintext: Option<Opts>,
     /// Create missing sink tables when checking them.
     create_tables: bool,
     /// The sink columns' types, which decide how values MySQL cannot hold are written.
@@ -143,7 +148,7 @@ impl fmt::Debug for MysqlConnector {
 impl MysqlConnector {
     /// A connector for `opts`; connects only when checking tables or opening lanes.
     pub fn new(opts: MysqlSinkOptions) -> Self {
-        let mysql = OptsBuilder::default()
+        let builder = OptsBuilder::default()
             .ip_or_hostname(opts.host.clone())
             .tcp_port(opts.port)
             .user(Some(opts.user.clone()))
@@ -152,12 +157,15 @@ impl MysqlConnector {
             // Stay on TCP: on a loopback address mysql_async would otherwise switch to the
             // server's Unix socket.
             .prefer_socket(false)
-            .tcp_keepalive(Some(Duration::from_secs(30)))
-            .into();
+            .tcp_keepalive(Some(Duration::from_secs(30)));
+        let plaintext = (opts.tls.mode == crate::config::SslMode::Prefer)
+            .then(|| Opts::from(builder.clone()));
+        let mysql = builder.ssl_opts(crate::tls::mysql::ssl_opts(&opts.tls)).into();
         MysqlConnector {
             shared: Arc::new(Shared {
                 options: opts,
                 mysql,
+                plaintext,
                 create_tables: false,
                 types: schema::SinkTypes::default(),
                 epoch: AtomicU64::new(0),
@@ -191,15 +199,40 @@ impl Shared {
             o.host, o.port, o.user, o.database
         );
         let connect = async {
-            let mut conn = Conn::new(self.mysql.clone())
-                .await
-                .map_err(|e| sink_error(self.sink(), &doing, &e))?;
+            let mut conn = match Conn::new(self.mysql.clone()).await {
+                Ok(conn) => conn,
+                Err(e) if crate::tls::mysql::server_without_tls(&e) && self.plaintext.is_some() => {
+                    let plain = self.plaintext.clone().unwrap_or_else(|| self.mysql.clone());
+                    Conn::new(plain)
+                        .await
+                        .map_err(|e| sink_error(self.sink(), &doing, &e))?
+                }
+                Err(e) => return Err(self.connect_error(&doing, &e)),
+            };
             conn.query_drop(SESSION_SETUP)
                 .await
                 .map_err(|e| sink_error(self.sink(), "setting up the session", &e))?;
             Ok(conn)
         };
         super::within_connect_timeout(self.sink(), &doing, o.connect_timeout, connect).await
+    }
+
+    /// A failed connect; TLS failures (a refused certificate, no TLS on the server) are
+    /// fatal and say so, the rest are classified as usual.
+    fn connect_error(&self, doing: &str, e: &mysql_async::Error) -> SinkError {
+        let problem = if crate::tls::mysql::server_without_tls(e) {
+            Some("the server does not support TLS".to_owned())
+        } else {
+            crate::tls::tls_problem(e)
+        };
+        match problem {
+            Some(problem) => SinkError::fatal(format!(
+                "sink {}: {doing}: TLS ({}): {problem}",
+                self.sink(),
+                crate::tls::mode_name(self.options.tls.mode, true)
+            )),
+            None => sink_error(self.sink(), doing, e),
+        }
     }
 
     fn lane_key(&self, lane: u32, lanes: u32) -> LaneKey<'_> {
@@ -552,6 +585,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             dead_letter_table: "_zipline_dead_letters".into(),
             create_dead_letter_table: false,
+            tls: Default::default(),
         };
         let shown = format!("{opts:?}");
         assert!(

@@ -59,7 +59,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use self::errors::sink_error;
 use self::lane::PostgresLane;
@@ -103,6 +103,8 @@ pub struct PostgresSinkOptions {
     pub dead_letter_table: String,
     /// Create the dead-letter table when checking the sink (`on_error: dead_letter`).
     pub create_dead_letter_table: bool,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`.
+    pub tls: crate::config::Tls,
 }
 
 impl fmt::Debug for PostgresSinkOptions {
@@ -117,6 +119,7 @@ impl fmt::Debug for PostgresSinkOptions {
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("schema", &self.schema)
             .field("create_tables", &self.create_tables)
+            .field("tls", &self.tls)
             .field("connect_timeout", &self.connect_timeout)
             .field("dead_letter_table", &self.dead_letter_table)
             .finish()
@@ -206,11 +209,26 @@ impl Shared {
             o.host, o.port, o.user, o.database
         );
         let connect = async {
-            let (client, connection) = self
-                .config
-                .connect(NoTls)
-                .await
-                .map_err(|e| sink_error(self.sink(), &doing, &e))?;
+            let tls_failed = |problem: String| {
+                SinkError::fatal(format!(
+                    "sink {}: {doing}: TLS ({}): {problem}",
+                    self.sink(),
+                    crate::tls::mode_name(o.tls.mode, false)
+                ))
+            };
+            let (mode, tls) = crate::tls::postgres::for_driver(&o.host, &o.tls)
+                .map_err(|e| tls_failed(e.to_string()))?;
+            let mut config = self.config.clone();
+            config.ssl_mode(mode);
+            let (client, connection) = config.connect(tls).await.map_err(|e| {
+                match crate::tls::tls_problem(&e) {
+                    Some(problem) => tls_failed(problem),
+                    None if e.to_string().contains("server does not support TLS") => {
+                        tls_failed("the server does not support TLS".into())
+                    }
+                    None => sink_error(self.sink(), &doing, &e),
+                }
+            })?;
             let sink = self.sink().to_owned();
             tokio::spawn(async move {
                 if let Err(e) = connection.await {
@@ -541,6 +559,7 @@ mod tests {
             connect_timeout: Duration::from_secs(1),
             dead_letter_table: "_zipline_dead_letters".into(),
             create_dead_letter_table: false,
+            tls: Default::default(),
         };
         let connector = PostgresConnector::new(opts.clone());
         for text in [format!("{opts:?}"), format!("{connector:?}")] {

@@ -48,6 +48,8 @@ pub(crate) struct ConnectParams {
     pub database: String,
     pub password: Option<String>,
     pub connect_timeout: Duration,
+    /// `sslmode` and friends; they apply to every connection of the source.
+    pub tls: crate::config::Tls,
 }
 
 impl std::fmt::Debug for ConnectParams {
@@ -58,6 +60,7 @@ impl std::fmt::Debug for ConnectParams {
             .field("user", &self.user)
             .field("database", &self.database)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -84,6 +87,9 @@ pub(crate) enum ConnError {
         "the server asked for a password but none is configured (add secret_refs: [{{field: password, ref: ...}}])"
     )]
     NoPassword,
+    /// TLS could not be set up as `sslmode` asks.
+    #[error("{0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 impl ConnError {
@@ -156,7 +162,14 @@ impl ReplicationConn {
             )
             .await?;
             stream.set_nodelay(true)?;
-            Box::new(stream)
+            let negotiated = timeout_conn(params.connect_timeout, async {
+                Ok(crate::tls::postgres::negotiate(stream, &params.host, &params.tls).await?)
+            })
+            .await?;
+            match negotiated {
+                crate::tls::postgres::Negotiated::Plain(stream) => Box::new(stream),
+                crate::tls::postgres::Negotiated::Tls(stream) => Box::new(stream),
+            }
         };
         let (reader, writer) = tokio::io::split(io);
         let mut conn = ReplicationConn {
@@ -521,6 +534,7 @@ mod tests {
             database: "d".into(),
             password: Some("hunter2".into()),
             connect_timeout: Duration::from_secs(1),
+            tls: crate::config::Tls::default(),
         };
         assert!(!format!("{p:?}").contains("hunter2"));
     }

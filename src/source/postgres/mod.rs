@@ -62,6 +62,8 @@ pub struct PostgresSourceOptions {
     pub slot_warn_bytes: u64,
     /// Transactional logical messages this often (`heartbeat_interval`), if set.
     pub heartbeat_interval: Option<Duration>,
+    /// `sslmode`, `sslrootcert`, `sslcert`, `sslkey`, for every connection of the source.
+    pub tls: crate::config::Tls,
 }
 
 impl std::fmt::Debug for PostgresSourceOptions {
@@ -132,6 +134,7 @@ impl PostgresSource {
             database: opts.database.clone(),
             password: opts.password.clone(),
             connect_timeout: opts.connect_timeout,
+            tls: opts.tls.clone(),
         }
     }
 

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::retry::{Backoff, Budget};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use super::conn::ConnectParams;
 use super::{SourceError, quote_ident, quote_literal};
@@ -41,6 +41,9 @@ pub(crate) async fn connect_sql_with(
     if let Some(pw) = &params.password {
         cfg.password(pw);
     }
+    let (mode, tls) = crate::tls::postgres::for_driver(&params.host, &params.tls)
+        .map_err(|e| connect_error(params, &ConnectFailure::Tls(e), 1, false))?;
+    cfg.ssl_mode(mode);
     let mut backoff = Backoff::new(
         format!(
             "cannot reach PostgreSQL at {}:{} yet; retrying",
@@ -51,7 +54,7 @@ pub(crate) async fn connect_sql_with(
     loop {
         // tokio-postgres's connect_timeout covers the TCP connect only; a server that accepts
         // and then never answers the startup handshake must time out too.
-        let connected = match tokio::time::timeout(params.connect_timeout, cfg.connect(NoTls)).await
+        let connected = match tokio::time::timeout(params.connect_timeout, cfg.connect(tls.clone())).await
         {
             Ok(result) => result.map_err(ConnectFailure::Driver),
             Err(_) => Err(ConnectFailure::Silent),
@@ -66,7 +69,8 @@ pub(crate) async fn connect_sql_with(
                 return Ok(client);
             }
             Err(e) => {
-                let db_error = matches!(&e, ConnectFailure::Driver(d) if d.as_db_error().is_some());
+                let db_error = matches!(&e, ConnectFailure::Driver(d) if d.as_db_error().is_some())
+                    || e.is_tls();
                 if db_error || !backoff.wait(&e.reason(params)).await {
                     return Err(connect_error(params, &e, backoff.attempts() + 1, db_error));
                 }
@@ -80,6 +84,8 @@ enum ConnectFailure {
     Driver(tokio_postgres::Error),
     /// No answer to the startup handshake within `connect_timeout`.
     Silent,
+    /// The TLS settings cannot be used (a file, a name).
+    Tls(crate::tls::TlsError),
 }
 
 impl ConnectFailure {
@@ -91,9 +97,18 @@ impl ConnectFailure {
                  handshake within {:?} (connect_timeout)",
                 params.connect_timeout
             ),
+            ConnectFailure::Tls(e) => e.to_string(),
             ConnectFailure::Driver(e) => e
                 .as_db_error()
                 .map(|d| d.message().to_owned())
+                .or_else(|| {
+                    let mode = crate::tls::mode_name(params.tls.mode, false);
+                    crate::tls::tls_problem(e).map(|p| format!("TLS ({mode}): {p}")).or_else(|| {
+                        e.to_string().contains("server does not support TLS").then(|| {
+                            format!("the server does not support TLS, and {mode} requires it")
+                        })
+                    })
+                })
                 .unwrap_or_else(|| {
                     let mut text = e.to_string();
                     let mut src = std::error::Error::source(e);
@@ -110,6 +125,22 @@ impl ConnectFailure {
     }
 }
 
+impl ConnectFailure {
+    /// A TLS failure: a refused certificate or a server without TLS is no reason to retry.
+    fn is_tls(&self) -> bool {
+        match self {
+            ConnectFailure::Tls(_) => true,
+            ConnectFailure::Driver(e) => {
+                // tokio-postgres's kind for every TLS failure, including "server does not
+                // support TLS" (which carries no typed cause).
+                crate::tls::tls_problem(e).is_some()
+                    || e.to_string().starts_with("error performing TLS handshake")
+            }
+            ConnectFailure::Silent => false,
+        }
+    }
+}
+
 fn connect_error(
     params: &ConnectParams,
     e: &ConnectFailure,
@@ -121,7 +152,9 @@ fn connect_error(
         "PostgreSQL at {}:{} (database {}, user {})",
         params.host, params.port, params.database, params.user
     );
-    if db_error {
+    if e.is_tls() {
+        SourceError::fatal(format!("cannot connect securely to {where_}: {reason}"))
+    } else if db_error {
         SourceError::fatal(format!("cannot log in to {where_}: {reason}"))
     } else {
         SourceError::fatal(format!(

@@ -99,16 +99,46 @@ fn config(opts: &SqlServerSourceOptions) -> Config {
         &opts.user,
         opts.password.as_deref().unwrap_or(""),
     ));
-    if opts.encrypt {
-        config.encryption(EncryptionLevel::Required);
-        if opts.trust_server_certificate {
-            config.trust_cert();
+    match &opts.tls {
+        Some(tls) => apply_tls(&mut config, tls),
+        None if opts.encrypt => {
+            config.encryption(EncryptionLevel::Required);
+            if opts.trust_server_certificate {
+                config.trust_cert();
+            }
         }
-    } else {
-        config.encryption(EncryptionLevel::NotSupported);
+        None => config.encryption(EncryptionLevel::NotSupported),
     }
     config.handshake_timeout(Some(opts.connect_timeout));
     config
+}
+
+/// libpq's modes on tiberius: `disable` turns encryption off (the server may still insist);
+/// `prefer` encrypts when the server can, `require` always, neither checking the certificate;
+/// `verify-full` checks it against `sslrootcert` (a file, or the platform's roots). Config
+/// loading refuses `verify-ca`, which tiberius cannot do.
+fn apply_tls(config: &mut Config, tls: &crate::config::Tls) {
+    use crate::config::{RootCerts, SslMode};
+    match tls.mode {
+        SslMode::Disable => config.encryption(EncryptionLevel::NotSupported),
+        SslMode::Prefer => {
+            config.encryption(EncryptionLevel::On);
+            config.trust_cert();
+        }
+        SslMode::Require => {
+            config.encryption(EncryptionLevel::Required);
+            config.trust_cert();
+        }
+        SslMode::VerifyCa | SslMode::VerifyFull => {
+            config.encryption(EncryptionLevel::Required);
+            if let Some(RootCerts::File(path)) = &tls.roots {
+                config.trust_cert_ca(path.display());
+            }
+        }
+    }
+    if let Some(client) = &tls.client {
+        config.client_certificate(client.cert.clone(), client.key.clone());
+    }
 }
 
 fn where_(opts: &SqlServerSourceOptions) -> String {

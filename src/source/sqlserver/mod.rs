@@ -72,6 +72,9 @@ pub struct SqlServerSourceOptions {
     pub encrypt: bool,
     /// Accept the server's certificate without validating it.
     pub trust_server_certificate: bool,
+    /// `sslmode` and friends when configured; they replace `encrypt` and
+    /// `trust_server_certificate`.
+    pub tls: Option<crate::config::Tls>,
     /// What to do without a durable frontier.
     pub snapshot: SnapshotMode,
     /// Time allowed for one connection attempt.
@@ -93,6 +96,7 @@ impl std::fmt::Debug for SqlServerSourceOptions {
             .field("poll_interval", &self.poll_interval)
             .field("encrypt", &self.encrypt)
             .field("trust_server_certificate", &self.trust_server_certificate)
+            .field("tls", &self.tls)
             .field("snapshot", &self.snapshot)
             .finish_non_exhaustive()
     }
@@ -259,6 +263,7 @@ pub(crate) mod tests {
             poll_interval: Duration::from_millis(500),
             encrypt: true,
             trust_server_certificate: false,
+            tls: None,
             snapshot: SnapshotMode::Initial,
             connect_timeout: Duration::from_secs(10),
             connect_retries: 5,
