@@ -69,7 +69,10 @@ async fn assert_plaintext_refused(pg: &Postgres) {
         .await
         .err()
         .unwrap_or_else(|| panic!("plaintext connection to :{} was accepted", pg.port));
-    let text = err.as_db_error().map(|d| d.message().to_owned()).unwrap_or_default();
+    let text = err
+        .as_db_error()
+        .map(|d| d.message().to_owned())
+        .unwrap_or_default();
     assert!(
         text.contains("no pg_hba.conf entry") && text.contains("no encryption"),
         "unexpected refusal: {err:?}"
@@ -209,7 +212,10 @@ async fn pg_to_mariadb_with_require_secure_transport() {
         lines
     };
     let opts = |mode: &str| PipelineOpts {
-        source_extra: vec!["sslmode: prefer".to_owned(), "connect_retries: 0".to_owned()],
+        source_extra: vec![
+            "sslmode: prefer".to_owned(),
+            "connect_retries: 0".to_owned(),
+        ],
         sink_extra: sink_tls(mode),
         ..PipelineOpts::default()
     };
@@ -249,7 +255,10 @@ async fn pg_to_mariadb_with_require_secure_transport() {
         .first()
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or_default();
-    assert!(accepts >= 1, "MariaDB accepted no TLS connection: {encrypted:?}");
+    assert!(
+        accepts >= 1,
+        "MariaDB accepted no TLS connection: {encrypted:?}"
+    );
     z.terminate_cleanly(Duration::from_secs(30));
 }
 
@@ -262,12 +271,16 @@ async fn tls_failures_name_the_connector_the_host_and_the_reason() {
     let pg = tls_postgres(&ca, &server, "trust", "server");
     pg.create_database(PG_DB);
     pg.psql(PG_DB, PG_ORDERS);
+    // Without TLS; also the sink of every run (Zipline claims its sinks before the source).
     let plain = Postgres::start();
     plain.create_database(PG_DB);
     plain.psql(PG_DB, PG_ORDERS);
+    plain.create_database(SINK_DB);
+    plain.psql(SINK_DB, PG_ORDERS);
+    let sink_port = plain.port;
     let mut work = Workdir::new();
     let run = |work: &mut Workdir, port: u16, source_extra: Vec<String>, needle: &str| {
-        work.write_pipeline(&pipeline_yaml(&PipelineOpts {
+        work.write_pipeline(&pg_pipeline_yaml(&PipelineOpts {
             source_extra,
             ..PipelineOpts::default()
         }));
@@ -278,8 +291,7 @@ async fn tls_failures_name_the_connector_the_host_and_the_reason() {
             ("POSTGRES_USER", "postgres".to_owned()),
             ("POSTGRES_PUBLICATION", e2e::PUBLICATION.to_owned()),
             ("POSTGRES_SLOT_NAME", e2e::SLOT.to_owned()),
-            // Never reached: the source fails first.
-            ("MYSQL_PORT", "1".to_owned()),
+            ("SINK_PORT", sink_port.to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
@@ -304,16 +316,16 @@ async fn tls_failures_name_the_connector_the_host_and_the_reason() {
     wrong_ca.extend(ca_file(&other_ca));
     run(&mut work, pg.port, wrong_ca, "unknown CA");
 
-    let require = vec!["sslmode: require".to_owned(), "connect_retries: 0".to_owned()];
+    let require = vec![
+        "sslmode: require".to_owned(),
+        "connect_retries: 0".to_owned(),
+    ];
     run(
         &mut work,
         plain.port,
         require,
         "the server does not support TLS, and sslmode require requires it",
     );
-    let (slots, _) = (
-        pg.psql(PG_DB, "SELECT count(*) FROM pg_replication_slots"),
-        (),
-    );
+    let slots = pg.psql(PG_DB, "SELECT count(*) FROM pg_replication_slots");
     assert_eq!(slots, "0", "a refused TLS setup leaves no slot behind");
 }

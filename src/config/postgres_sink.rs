@@ -127,16 +127,23 @@ connectors:
     fn tls_fields_follow_libpq() {
         use crate::config::{ClientCert, RootCerts, SslMode, Tls};
         let o = opts(&[]);
-        let tls = |extra: &str| load(&format!("{REQUIRED}{extra}"), &o).map(|p| sink(&p).tls.clone());
+        let tls =
+            |extra: &str| load(&format!("{REQUIRED}{extra}"), &o).map(|p| sink(&p).tls.clone());
         assert_eq!(tls("").unwrap(), Tls::default());
         assert_eq!(tls("").unwrap().mode, SslMode::Prefer);
         assert_eq!(
             tls("    sslrootcert: system\n").unwrap(),
-            Tls { mode: SslMode::VerifyFull, roots: Some(RootCerts::System), client: None }
+            Tls {
+                mode: SslMode::VerifyFull,
+                roots: Some(RootCerts::System),
+                client: None
+            }
         );
         // libpq: `require` with a CA file verifies the chain.
         assert_eq!(
-            tls("    sslmode: require\n    sslrootcert: /ca.pem\n").unwrap().mode,
+            tls("    sslmode: require\n    sslrootcert: /ca.pem\n")
+                .unwrap()
+                .mode,
             SslMode::VerifyCa
         );
         assert_eq!(
@@ -149,11 +156,26 @@ connectors:
             }
         );
         for (extra, want) in [
-            ("    sslmode: verify-full\n", "connectors[1].sslmode: this mode checks the server's certificate and needs `sslrootcert`"),
-            ("    sslmode: require\n    sslrootcert: system\n", "connectors[1].sslmode: sslmode `require` cannot be used with `sslrootcert: system`"),
-            ("    sslmode: verify_full\n", "connectors[1].sslmode: unknown sslmode `verify_full`"),
-            ("    sslcert: /c.crt\n", "connectors[1].sslcert: a client certificate needs its private key in `sslkey` too"),
-            ("    sslmode: disable\n    sslrootcert: /ca.pem\n", "connectors[1].sslmode: TLS is disabled"),
+            (
+                "    sslmode: verify-full\n",
+                "connectors[1].sslmode: this mode checks the server's certificate and needs `sslrootcert`",
+            ),
+            (
+                "    sslmode: require\n    sslrootcert: system\n",
+                "connectors[1].sslmode: sslmode `require` cannot be used with `sslrootcert: system`",
+            ),
+            (
+                "    sslmode: verify_full\n",
+                "connectors[1].sslmode: unknown sslmode `verify_full`",
+            ),
+            (
+                "    sslcert: /c.crt\n",
+                "connectors[1].sslcert: a client certificate needs its private key in `sslkey` too",
+            ),
+            (
+                "    sslmode: disable\n    sslrootcert: /ca.pem\n",
+                "connectors[1].sslmode: TLS is disabled",
+            ),
         ] {
             let got = tls(extra).unwrap_err();
             assert!(got.contains(want), "{extra}: got {got}");

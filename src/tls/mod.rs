@@ -75,11 +75,12 @@ pub(crate) fn provider() -> Arc<CryptoProvider> {
 pub(crate) fn client_config(tls: &Tls) -> Result<Arc<ClientConfig>, TlsError> {
     let provider = provider();
     let verifier: Arc<dyn ServerCertVerifier> = match (tls.mode, &tls.roots) {
-        (SslMode::VerifyFull, Some(roots)) => {
-            WebPkiServerVerifier::builder_with_provider(Arc::new(root_store(roots)?), provider.clone())
-                .build()
-                .map_err(|e| TlsError::Settings(rustls::Error::General(e.to_string())))?
-        }
+        (SslMode::VerifyFull, Some(roots)) => WebPkiServerVerifier::builder_with_provider(
+            Arc::new(root_store(roots)?),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| TlsError::Settings(rustls::Error::General(e.to_string())))?,
         (SslMode::VerifyCa, Some(roots)) => Arc::new(verify::ChainOnly::new(
             Arc::new(root_store(roots)?),
             provider.clone(),

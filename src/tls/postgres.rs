@@ -59,17 +59,17 @@ pub(crate) async fn negotiate(
         }
     }
     let connector = tokio_rustls::TlsConnector::from(config);
-    let stream = connector
-        .connect(name, stream)
-        .await
-        .map_err(handshake)?;
+    let stream = connector.connect(name, stream).await.map_err(handshake)?;
     Ok(Negotiated::Tls(Box::new(stream)))
 }
 
 /// What tokio-postgres needs for `tls` towards `host`: its own mode (it knows only disable,
 /// prefer and require; the checks of verify-ca and verify-full live in the rustls verifier)
 /// and the connector.
-pub(crate) fn for_driver(host: &str, tls: &Tls) -> Result<(DriverMode, MakeRustlsConnect), TlsError> {
+pub(crate) fn for_driver(
+    host: &str,
+    tls: &Tls,
+) -> Result<(DriverMode, MakeRustlsConnect), TlsError> {
     let unix = host.starts_with('/');
     let mode = match tls.mode {
         _ if unix => DriverMode::Disable,

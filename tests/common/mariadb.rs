@@ -143,7 +143,11 @@ impl MariaDb {
     pub fn try_sql(&self, db: &str, sql: &str) -> Result<String, String> {
         let mut cmd = Command::new("mariadb");
         cmd.args(["--no-defaults", "-uroot", "-N", "-B"]);
-        if self.extra.iter().any(|a| a.contains("require-secure-transport")) {
+        if self
+            .extra
+            .iter()
+            .any(|a| a.contains("require-secure-transport"))
+        {
             // Plaintext TCP is refused then; the socket counts as secure.
             cmd.arg("--protocol=SOCKET")
                 .arg(format!("--socket={}", self.dir.join("my.sock").display()));

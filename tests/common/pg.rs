@@ -144,9 +144,12 @@ impl Postgres {
     /// A connected client over the Unix socket (which `hostssl`-only `pg_hba.conf` files used
     /// by the TLS tests still allow).
     pub async fn local_client(&self, db: &str) -> tokio_postgres::Client {
-        let (client, conn) = tokio_postgres::connect(&self.local_conn_str(db), tokio_postgres::NoTls)
-            .await
-            .unwrap_or_else(|e| panic!("connecting to postgres socket :{} db {db}: {e}", self.port));
+        let (client, conn) =
+            tokio_postgres::connect(&self.local_conn_str(db), tokio_postgres::NoTls)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("connecting to postgres socket :{} db {db}: {e}", self.port)
+                });
         tokio::spawn(async move {
             let _ = conn.await;
         });

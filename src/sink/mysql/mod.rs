@@ -158,9 +158,11 @@ impl MysqlConnector {
             // server's Unix socket.
             .prefer_socket(false)
             .tcp_keepalive(Some(Duration::from_secs(30)));
-        let plaintext = (opts.tls.mode == crate::config::SslMode::Prefer)
-            .then(|| Opts::from(builder.clone()));
-        let mysql = builder.ssl_opts(crate::tls::mysql::ssl_opts(&opts.tls)).into();
+        let plaintext =
+            (opts.tls.mode == crate::config::SslMode::Prefer).then(|| Opts::from(builder.clone()));
+        let mysql = builder
+            .ssl_opts(crate::tls::mysql::ssl_opts(&opts.tls))
+            .into();
         MysqlConnector {
             shared: Arc::new(Shared {
                 options: opts,
@@ -199,7 +201,8 @@ impl Shared {
             o.host, o.port, o.user, o.database
         );
         let connect = async {
-            let mut conn = match Conn::new(self.mysql.clone()).await {
+            let opts = self.tls_opts(&doing).await?;
+            let mut conn = match Conn::new(opts).await {
                 Ok(conn) => conn,
                 Err(e) if crate::tls::mysql::server_without_tls(&e) && self.plaintext.is_some() => {
                     let plain = self.plaintext.clone().unwrap_or_else(|| self.mysql.clone());
@@ -215,6 +218,41 @@ impl Shared {
             Ok(conn)
         };
         super::within_connect_timeout(self.sink(), &doing, o.connect_timeout, connect).await
+    }
+
+    /// The connection options; for `VERIFY_CA`, with the TLS host name taken from the
+    /// server's certificate after checking its chain (see [`crate::tls::mysql::certificate_name`]).
+    async fn tls_opts(&self, doing: &str) -> Result<Opts, SinkError> {
+        let o = &self.options;
+        if o.tls.mode != crate::config::SslMode::VerifyCa {
+            return Ok(self.mysql.clone());
+        }
+        let name = crate::tls::mysql::certificate_name(&o.host, o.port, &o.tls)
+            .await
+            .map_err(|e| {
+                let message = format!(
+                    "sink {}: {doing}: TLS ({}): {e}",
+                    self.sink(),
+                    crate::tls::mode_name(o.tls.mode, true)
+                );
+                match &e {
+                    // The server is down or the connection broke: worth another try.
+                    crate::tls::TlsError::Handshake { source }
+                        if crate::tls::tls_problem(source).is_none() =>
+                    {
+                        SinkError::transient(message)
+                    }
+                    _ => SinkError::fatal(message),
+                }
+            })?;
+        let ssl = self
+            .mysql
+            .ssl_opts()
+            .cloned()
+            .map(|ssl| ssl.with_danger_tls_hostname_override(Some(name)));
+        Ok(OptsBuilder::from_opts(self.mysql.clone())
+            .ssl_opts(ssl)
+            .into())
     }
 
     /// A failed connect; TLS failures (a refused certificate, no TLS on the server) are

@@ -220,15 +220,19 @@ impl Shared {
                 .map_err(|e| tls_failed(e.to_string()))?;
             let mut config = self.config.clone();
             config.ssl_mode(mode);
-            let (client, connection) = config.connect(tls).await.map_err(|e| {
-                match crate::tls::tls_problem(&e) {
-                    Some(problem) => tls_failed(problem),
-                    None if e.to_string().contains("server does not support TLS") => {
-                        tls_failed("the server does not support TLS".into())
-                    }
-                    None => sink_error(self.sink(), &doing, &e),
-                }
-            })?;
+            let (client, connection) =
+                config
+                    .connect(tls)
+                    .await
+                    .map_err(|e| match crate::tls::tls_problem(&e) {
+                        Some(problem) => tls_failed(problem),
+                        None if std::error::Error::source(&e)
+                            .is_some_and(|c| c.to_string() == "server does not support TLS") =>
+                        {
+                            tls_failed("the server does not support TLS".into())
+                        }
+                        None => sink_error(self.sink(), &doing, &e),
+                    })?;
             let sink = self.sink().to_owned();
             tokio::spawn(async move {
                 if let Err(e) = connection.await {

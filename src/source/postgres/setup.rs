@@ -55,11 +55,11 @@ pub(crate) async fn connect_sql_with(
     loop {
         // tokio-postgres's connect_timeout covers the TCP connect only; a server that accepts
         // and then never answers the startup handshake must time out too.
-        let connected = match tokio::time::timeout(params.connect_timeout, cfg.connect(tls.clone())).await
-        {
-            Ok(result) => result.map_err(ConnectFailure::Driver),
-            Err(_) => Err(ConnectFailure::Silent),
-        };
+        let connected =
+            match tokio::time::timeout(params.connect_timeout, cfg.connect(tls.clone())).await {
+                Ok(result) => result.map_err(ConnectFailure::Driver),
+                Err(_) => Err(ConnectFailure::Silent),
+            };
         match connected {
             Ok((client, connection)) => {
                 tokio::spawn(async move {
@@ -105,29 +105,35 @@ impl ConnectFailure {
                 params.connect_timeout
             ),
             ConnectFailure::Tls(e) => e.to_string(),
-            ConnectFailure::Driver(e) => e
-                .as_db_error()
-                .map(|d| d.message().to_owned())
-                .or_else(|| {
-                    let mode = crate::tls::mode_name(params.tls.mode, false);
-                    crate::tls::tls_problem(e).map(|p| format!("TLS ({mode}): {p}")).or_else(|| {
-                        e.to_string().contains("server does not support TLS").then(|| {
+            ConnectFailure::Driver(e) => {
+                e.as_db_error()
+                    .map(|d| d.message().to_owned())
+                    .or_else(|| {
+                        let mode = crate::tls::mode_name(params.tls.mode, false);
+                        crate::tls::tls_problem(e)
+                            .map(|p| format!("TLS ({mode}): {p}"))
+                            .or_else(|| {
+                                // tokio-postgres says so in an untyped cause.
+                                std::error::Error::source(e)
+                            .is_some_and(|c| c.to_string() == "server does not support TLS")
+                            .then(|| {
                             format!("the server does not support TLS, and {mode} requires it")
                         })
+                            })
                     })
-                })
-                .unwrap_or_else(|| {
-                    let mut text = e.to_string();
-                    let mut src = std::error::Error::source(e);
-                    while let Some(s) = src {
-                        let next = s.to_string();
-                        if !text.contains(&next) {
-                            text = format!("{text}: {next}");
+                    .unwrap_or_else(|| {
+                        let mut text = e.to_string();
+                        let mut src = std::error::Error::source(e);
+                        while let Some(s) = src {
+                            let next = s.to_string();
+                            if !text.contains(&next) {
+                                text = format!("{text}: {next}");
+                            }
+                            src = s.source();
                         }
-                        src = s.source();
-                    }
-                    text
-                }),
+                        text
+                    })
+            }
         }
     }
 }
