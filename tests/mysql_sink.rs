@@ -12,24 +12,33 @@ use common::MariaDb;
 use common::changes::{change, claimed, delete, open, pos, upsert};
 use mysql_async::prelude::Queryable;
 use zipline::change::{Column, Op, PG_EPOCH_MICROS, Table, Value};
+use zipline::config::{self, ConnectorKind, LoadOptions};
 use zipline::error::ErrorClass;
-use zipline::sink::mysql::{MysqlConnector, MysqlSinkOptions};
+use zipline::sink::mysql::MysqlConnector;
 use zipline::sink::{Batch, SinkConnector, SnapshotTarget};
 
 const DB: &str = "shop";
 
-fn options(db: &MariaDb) -> MysqlSinkOptions {
-    MysqlSinkOptions {
-        connector: "mysql-out".into(),
-        pipeline: "orders-pipe".into(),
-        host: db.host().into(),
-        port: db.port,
-        database: DB.into(),
-        user: "root".into(),
-        password: None,
-        connect_timeout: Duration::from_secs(5),
-        dead_letter_table: "_zipline_dead_letters".into(),
-        create_dead_letter_table: false,
+/// The pipeline the sink belongs to (part of its checkpoint keys).
+const PIPELINE: &str = "orders-pipe";
+
+fn options(db: &MariaDb) -> config::MysqlSink {
+    let entry = format!(
+        "name: mysql-out\ntype: sink/mysql\nhost: {}\nport: {}\ndatabase: {DB}\nuser: root\n\
+         connect_timeout: 5s\n",
+        db.host(),
+        db.port
+    );
+    let opts = LoadOptions {
+        secrets_dir: None,
+        env: Box::new(|_| None),
+    };
+    match config::load_connector("test.yaml", &entry, PIPELINE, &opts)
+        .expect("the sink's settings load")
+        .kind
+    {
+        ConnectorKind::MysqlSink(sink) => sink,
+        other => panic!("not a MySQL sink: {}", other.type_name()),
     }
 }
 
@@ -105,7 +114,7 @@ fn checkpoints(db: &MariaDb) -> String {
 #[tokio::test]
 async fn batches_land_with_their_checkpoint_and_replays_converge() {
     let db = server("");
-    let connector = claimed(MysqlConnector::new(options(&db))).await;
+    let connector = claimed(MysqlConnector::new(PIPELINE, options(&db))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -207,7 +216,7 @@ fn hex(s: &str) -> String {
 #[tokio::test]
 async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() {
     let db = server("CREATE TABLE audit (id INT PRIMARY KEY, what VARCHAR(20))");
-    let connector = claimed(MysqlConnector::new(options(&db))).await;
+    let connector = claimed(MysqlConnector::new(PIPELINE, options(&db))).await;
     let t = orders();
     let audit = table("audit", &[("id", true), ("what", false)]);
     connector
@@ -287,7 +296,7 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
 #[tokio::test]
 async fn bad_rows_are_definite_and_leave_the_lane_usable() {
     let db = server("CREATE TABLE tags (id INT PRIMARY KEY, name VARCHAR(5) NOT NULL)");
-    let connector = claimed(MysqlConnector::new(options(&db))).await;
+    let connector = claimed(MysqlConnector::new(PIPELINE, options(&db))).await;
     let tags = table("tags", &[("id", true), ("name", false)]);
     connector
         .check_tables(std::slice::from_ref(&tags))
@@ -370,7 +379,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         "CREATE TABLE nokey (id INT, v INT); \
          CREATE TABLE narrow (id INT PRIMARY KEY, tenant INT NOT NULL)",
     );
-    let connector = claimed(MysqlConnector::new(options(&db))).await;
+    let connector = claimed(MysqlConnector::new(PIPELINE, options(&db))).await;
 
     let missing = table("missing", &[("id", true), ("v", false)]);
     let err = connector
@@ -421,9 +430,9 @@ async fn check_tables_reports_what_the_operator_must_fix() {
 
     // Wrong credentials are fatal and never echo the password.
     let mut opts = options(&db);
-    opts.password = Some("s3cret-pw".into());
+    opts.password = Some(config::Secret::new("s3cret-pw"));
     assert!(!format!("{opts:?}").contains("s3cret-pw"));
-    let err = MysqlConnector::new(opts)
+    let err = MysqlConnector::new(PIPELINE, opts)
         .check_tables(&[])
         .await
         .expect_err("root has no password");
@@ -432,7 +441,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
 
     let mut opts = options(&db);
     opts.database = "nope".into();
-    let err = MysqlConnector::new(opts)
+    let err = MysqlConnector::new(PIPELINE, opts)
         .check_tables(&[])
         .await
         .unwrap_err();
@@ -442,7 +451,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
     // Nothing listening: transient (the server may be starting).
     let mut opts = options(&db);
     opts.port = common::free_port();
-    let err = MysqlConnector::new(opts)
+    let err = MysqlConnector::new(PIPELINE, opts)
         .check_tables(&[])
         .await
         .unwrap_err();
@@ -452,7 +461,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
 #[tokio::test]
 async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
     let db = server("");
-    let connector = claimed(MysqlConnector::new(options(&db))).await;
+    let connector = claimed(MysqlConnector::new(PIPELINE, options(&db))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -511,7 +520,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     use zipline::checkpoint::Holder;
     let db = server("");
     let t = orders();
-    let first = MysqlConnector::new(options(&db));
+    let first = MysqlConnector::new(PIPELINE, options(&db));
     let mut lease = first
         .claim(&Holder::this_process(), Duration::from_secs(30))
         .await
@@ -534,7 +543,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
         pid: 4242,
         host: "elsewhere".into(),
     };
-    let second = MysqlConnector::new(options(&db));
+    let second = MysqlConnector::new(PIPELINE, options(&db));
     let Err(refused) = second.claim(&other, Duration::from_secs(30)).await else {
         panic!("a second live claim is refused");
     };
@@ -594,7 +603,7 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
         "CREATE TABLE members (id INT PRIMARY KEY, email VARCHAR(64) NOT NULL, \
                      note TEXT NULL, UNIQUE KEY uq_email (email))",
     );
-    let connector = claimed(MysqlConnector::new(options(&db))).await;
+    let connector = claimed(MysqlConnector::new(PIPELINE, options(&db))).await;
     let t = table(
         "members",
         &[("id", true), ("email", false), ("note", false)],

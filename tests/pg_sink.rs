@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use common::changes::{change, claimed, delete, open, pos, upsert};
 use e2e::pg::fixtures::{
-    DB, ORDERS_DDL, apply, checkpoints, col, options, order_literal, order_row, orders, rows,
-    server, table,
+    DB, ORDERS_DDL, PIPELINE, apply, checkpoints, col, options, order_literal, order_row, orders,
+    rows, server, table,
 };
 use zipline::change::{Change, Op, Value};
 use zipline::error::ErrorClass;
@@ -25,7 +25,7 @@ use zipline::sink::{Batch, CheckpointStore, SinkConnector};
 #[tokio::test]
 async fn batches_land_exactly_with_their_checkpoint_and_replays_converge() {
     let pg = server(ORDERS_DDL);
-    let connector = claimed(PostgresConnector::new(options(&pg))).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, options(&pg))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -127,7 +127,7 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
         "{ORDERS_DDL}; CREATE TABLE audit (id int PRIMARY KEY, what varchar(20));
          INSERT INTO orders (id, qty) VALUES (1, 0);"
     ));
-    let connector = claimed(PostgresConnector::new(options(&pg))).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, options(&pg))).await;
     let t = orders();
     let audit = table(
         "audit",
@@ -219,7 +219,7 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
     let pg = server(
         "CREATE TABLE tags (id int PRIMARY KEY, name varchar(5) NOT NULL);\n         CREATE TABLE stamps (id int PRIMARY KEY, at timestamp)",
     );
-    let connector = claimed(PostgresConnector::new(options(&pg))).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, options(&pg))).await;
     let tags = table(
         "tags",
         vec![col("id", 23, -1, true), col("name", 1043, 9, false)],
@@ -309,7 +309,7 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
 #[tokio::test]
 async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
     let pg = server(ORDERS_DDL);
-    let connector = claimed(PostgresConnector::new(options(&pg))).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, options(&pg))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -366,7 +366,7 @@ async fn inserts_of_keys_the_sink_has_are_upserted_and_other_conflicts_are_defin
         "CREATE TABLE people (id int PRIMARY KEY, email text UNIQUE, name text);
          INSERT INTO people VALUES (1, 'a@x', 'stale'), (9, 'taken@x', 'other');",
     );
-    let connector = claimed(PostgresConnector::new(options(&pg))).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, options(&pg))).await;
     let people = table(
         "people",
         vec![
@@ -429,7 +429,7 @@ async fn inserts_of_keys_the_sink_has_are_upserted_and_other_conflicts_are_defin
 #[tokio::test]
 async fn durable_frontier_needs_every_lane_and_advances_only_upwards() {
     let pg = server(ORDERS_DDL);
-    let connector = claimed(PostgresConnector::new(options(&pg))).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, options(&pg))).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -490,7 +490,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     use zipline::checkpoint::Holder;
     let pg = server(ORDERS_DDL);
     let t = orders();
-    let first = PostgresConnector::new(options(&pg));
+    let first = PostgresConnector::new(PIPELINE, options(&pg));
     let mut lease = first
         .claim(&Holder::this_process(), Duration::from_secs(30))
         .await
@@ -513,7 +513,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
         pid: 4242,
         host: "elsewhere".into(),
     };
-    let second = PostgresConnector::new(options(&pg));
+    let second = PostgresConnector::new(PIPELINE, options(&pg));
     let Err(refused) = second.claim(&other, Duration::from_secs(30)).await else {
         panic!("a second live claim is refused");
     };
@@ -577,8 +577,8 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay() {
     use zipline::sink::DeadLetter;
     let pg = server(ORDERS_DDL);
     let mut opts = options(&pg);
-    opts.create_dead_letter_table = true;
-    let connector = claimed(PostgresConnector::new(opts)).await;
+    opts.on_error = zipline::config::OnError::DeadLetter;
+    let connector = claimed(PostgresConnector::new(PIPELINE, opts)).await;
     let t = orders();
     connector
         .check_tables(std::slice::from_ref(&t))
@@ -680,7 +680,7 @@ async fn a_sink_table_created_again_empty_is_named_and_one_holding_rows_is_not()
     use zipline::checkpoint::TableRecord;
     let pg = server(ORDERS_DDL);
     let t = orders();
-    let sink = claimed(PostgresConnector::new(options(&pg))).await;
+    let sink = claimed(PostgresConnector::new(PIPELINE, options(&pg))).await;
     sink.check_tables(std::slice::from_ref(&t))
         .await
         .unwrap_or_else(|e| panic!("{}", e.message));

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use common::Postgres;
 use common::changes::{change, claimed, open, pos};
-use e2e::pg::fixtures::{DB, apply, col, options, server, table};
+use e2e::pg::fixtures::{DB, PIPELINE, apply, col, options, server, table};
 use zipline::change::{Change, Op, PG_EPOCH_MICROS, Position, Table, Value};
 use zipline::error::ErrorClass;
 use zipline::sink::postgres::PostgresConnector;
@@ -122,7 +122,7 @@ fn insert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Arc<Change> {
 
 /// The sink connector for `pg`, its tables checked against `t`.
 async fn checked(pg: &Postgres, t: &Arc<Table>) -> PostgresConnector {
-    let connector = claimed(PostgresConnector::new(options(pg))).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, options(pg))).await;
     connector
         .check_tables(std::slice::from_ref(t))
         .await

@@ -9,7 +9,7 @@ mod e2e;
 use std::sync::Arc;
 
 use common::changes::{claimed, open, pos, upsert};
-use e2e::pg::fixtures::{DB, SOURCE_MOOD_OID, apply, col, options, server, table};
+use e2e::pg::fixtures::{DB, PIPELINE, SOURCE_MOOD_OID, apply, col, options, server, table};
 use e2e::pg::scram_role;
 use zipline::change::{PG_EPOCH_MICROS, Table, Value};
 use zipline::error::ErrorClass;
@@ -25,7 +25,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
                               total int GENERATED ALWAYS AS (id * 2) STORED);
          CREATE VIEW aview AS SELECT 1 AS id;",
     );
-    let connector = claimed(PostgresConnector::new(options(&pg))).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, options(&pg))).await;
     let simple = |name: &str, cols: &[&str]| {
         table(
             name,
@@ -92,9 +92,9 @@ async fn check_tables_reports_what_the_operator_must_fix() {
     scram_role(&pg, DB, "zipline_pw", "R1ght-pw");
     let mut opts = options(&pg);
     opts.user = "zipline_pw".into();
-    opts.password = Some("s3cret-wrong-pw".into());
+    opts.password = Some(zipline::config::Secret::new("s3cret-wrong-pw"));
     assert!(!format!("{opts:?}").contains("s3cret"));
-    let err = PostgresConnector::new(opts.clone())
+    let err = PostgresConnector::new(PIPELINE, opts.clone())
         .check_tables(&[])
         .await
         .expect_err("wrong password");
@@ -110,7 +110,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         err.message
     );
     opts.password = None;
-    let err = PostgresConnector::new(opts)
+    let err = PostgresConnector::new(PIPELINE, opts)
         .check_tables(&[])
         .await
         .expect_err("no password");
@@ -118,7 +118,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
 
     let mut opts = options(&pg);
     opts.database = "nope".into();
-    let err = PostgresConnector::new(opts)
+    let err = PostgresConnector::new(PIPELINE, opts)
         .check_tables(&[])
         .await
         .unwrap_err();
@@ -127,7 +127,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
 
     let mut opts = options(&pg);
     opts.schema = Some("nope".into());
-    let err = PostgresConnector::new(opts)
+    let err = PostgresConnector::new(PIPELINE, opts)
         .check_tables(&[])
         .await
         .unwrap_err();
@@ -137,7 +137,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
     // Nothing listening: transient (the server may be starting).
     let mut opts = options(&pg);
     opts.port = common::free_port();
-    let err = PostgresConnector::new(opts)
+    let err = PostgresConnector::new(PIPELINE, opts)
         .check_tables(&[])
         .await
         .unwrap_err();
@@ -150,7 +150,7 @@ async fn create_tables_uses_the_source_types_exactly() {
     let mut opts = options(&pg);
     opts.create_tables = true;
     opts.schema = Some("mirror".into());
-    let connector = claimed(PostgresConnector::new(opts)).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, opts)).await;
     // (column, type OID, typmod, key, what format_type says on the source)
     let spec: &[(&str, u32, i32, bool, &str)] = &[
         ("id", 20, -1, true, "bigint"),
@@ -268,7 +268,7 @@ async fn create_tables_uses_the_source_types_exactly() {
 #[tokio::test]
 async fn a_new_source_column_is_added_to_the_sink_before_its_first_row() {
     let pg = server("CREATE TABLE t (id int PRIMARY KEY, a text)");
-    let connector = claimed(PostgresConnector::new(options(&pg))).await;
+    let connector = claimed(PostgresConnector::new(PIPELINE, options(&pg))).await;
     let v1 = table("t", vec![col("id", 23, -1, true), col("a", 25, -1, false)]);
     connector
         .check_tables(std::slice::from_ref(&v1))

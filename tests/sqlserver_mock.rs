@@ -27,10 +27,11 @@ use mssql_mock_tds::{
 use tokio::sync::{mpsc, watch};
 
 use zipline::change::{Change, Lsn, Op, Position, Table, Value};
+use zipline::config::{self, ConnectorKind, LoadOptions, SqlServerSnapshot};
 use zipline::error::ErrorClass;
 use zipline::lane::{Ack, LaneReceiver, Router};
 use zipline::runtime::{Dispatcher, RouteStage, Tables, Transformer};
-use zipline::source::sqlserver::{SnapshotMode, SqlServerSource, SqlServerSourceOptions};
+use zipline::source::sqlserver::SqlServerSource;
 use zipline::source::{Frontier, Source, SourceError, SourceIo, SourceStats, StopMode};
 
 const WHOLE: u32 = u32::MAX;
@@ -306,21 +307,26 @@ impl Mock {
     }
 }
 
-fn options(port: u16, snapshot: SnapshotMode) -> SqlServerSourceOptions {
-    SqlServerSourceOptions {
-        connector: "mssql".into(),
-        host: "127.0.0.1".into(),
-        port,
-        database: "shop".into(),
-        user: "sa".into(),
-        password: Some("mock-password".into()),
-        tables: vec![("dbo".into(), "orders".into())],
-        poll_interval: Duration::from_millis(50),
-        encrypt: false,
-        trust_server_certificate: false,
-        snapshot,
-        connect_timeout: Duration::from_secs(5),
-        connect_retries: 0,
+fn options(port: u16, snapshot: SqlServerSnapshot) -> config::SqlServerSource {
+    let snapshot = match snapshot {
+        SqlServerSnapshot::Initial => "initial",
+        SqlServerSnapshot::Never => "never",
+    };
+    let entry = format!(
+        "name: mssql\ntype: source/sqlserver\nhost: 127.0.0.1\nport: {port}\ndatabase: shop\n\
+         user: sa\npassword: mock-password\ntables: [orders]\npoll_interval: 50ms\n\
+         encrypt: false\nsnapshot: {snapshot}\nconnect_timeout: 5s\nconnect_retries: 0\n"
+    );
+    let opts = LoadOptions {
+        secrets_dir: None,
+        env: Box::new(|_| None),
+    };
+    match config::load_connector("test.yaml", &entry, "p", &opts)
+        .expect("the source's settings load")
+        .kind
+    {
+        ConnectorKind::SqlServerSource(source) => source,
+        other => panic!("not a SQL Server source: {}", other.type_name()),
     }
 }
 
@@ -481,7 +487,7 @@ fn summary(c: &Change) -> (u128, u32, Op, Vec<Value>, Option<Vec<Value>>) {
 async fn preflight_names_the_statements_that_enable_cdc() {
     let mock = Mock::start(0x10).await;
     mock.database_state(0, 1).await;
-    let err = start(options(mock.port, SnapshotMode::Never), None)
+    let err = start(options(mock.port, SqlServerSnapshot::Never), None)
         .await
         .err()
         .unwrap();
@@ -496,7 +502,7 @@ async fn preflight_names_the_statements_that_enable_cdc() {
     );
 
     mock.database_state(1, 0).await;
-    let err = start(options(mock.port, SnapshotMode::Initial), None)
+    let err = start(options(mock.port, SqlServerSnapshot::Initial), None)
         .await
         .err()
         .unwrap();
@@ -522,7 +528,7 @@ async fn preflight_names_the_statements_that_enable_cdc() {
         ]],
     )
     .await;
-    let err = start(options(mock.port, SnapshotMode::Never), None)
+    let err = start(options(mock.port, SqlServerSnapshot::Never), None)
         .await
         .err()
         .unwrap();
@@ -540,7 +546,7 @@ async fn preflight_rejects_unsupported_types_by_table_and_column() {
     let mock = Mock::start(0x10).await;
     mock.columns(&[("id", "int", 4, 1), ("shape", "geography", -1, 0)])
         .await;
-    let err = start(options(mock.port, SnapshotMode::Never), None)
+    let err = start(options(mock.port, SqlServerSnapshot::Never), None)
         .await
         .err()
         .unwrap();
@@ -552,7 +558,7 @@ async fn preflight_rejects_unsupported_types_by_table_and_column() {
     );
     // And a table without a key.
     mock.columns(&[("id", "int", 4, 0)]).await;
-    let err = start(options(mock.port, SnapshotMode::Never), None)
+    let err = start(options(mock.port, SqlServerSnapshot::Never), None)
         .await
         .err()
         .unwrap();
@@ -579,7 +585,7 @@ async fn streams_windows_in_commit_order_and_records_the_frontier() {
     )
     .await;
     let mut run = start(
-        options(mock.port, SnapshotMode::Initial),
+        options(mock.port, SqlServerSnapshot::Initial),
         Some(Position::new(Lsn(0x100), WHOLE)),
     )
     .await
@@ -629,7 +635,7 @@ async fn resumes_after_a_cut_connection_without_gaps_or_repeats() {
     mock.window(0x100, 0x200, &[0x200]).await;
     mock.changes(0x101, 0x200, &[(0x200, 0x1A0, 2, 0x03, 1, Some("a"))])
         .await;
-    let mut opts = options(proxy.port, SnapshotMode::Never);
+    let mut opts = options(proxy.port, SqlServerSnapshot::Never);
     opts.connect_retries = 3;
     let mut run = start(opts, Some(Position::new(Lsn(0x100), WHOLE)))
         .await
@@ -669,7 +675,7 @@ async fn a_retention_window_past_the_frontier_stops_with_a_clear_error() {
     mock.max_lsn(0x600).await;
     mock.window(0x100, 0x600, &[0x600]).await;
     let mut run = start(
-        options(mock.port, SnapshotMode::Initial),
+        options(mock.port, SqlServerSnapshot::Initial),
         Some(Position::new(Lsn(0x100), WHOLE)),
     )
     .await
@@ -716,7 +722,7 @@ async fn initial_snapshot_then_stream_after_its_lsn() {
         ],
     )
     .await;
-    let mut run = start(options(mock.port, SnapshotMode::Initial), None)
+    let mut run = start(options(mock.port, SqlServerSnapshot::Initial), None)
         .await
         .unwrap();
     let rows = run.take(2).await;
@@ -760,7 +766,7 @@ async fn a_frontier_inside_a_transaction_resumes_or_retakes_the_snapshot() {
     .await;
     // Position #2 ≤ 2 changes: a partly applied transaction, re-read whole (the lane skips).
     let mut run = start(
-        options(mock.port, SnapshotMode::Initial),
+        options(mock.port, SqlServerSnapshot::Initial),
         Some(Position::new(Lsn(0x200), 2)),
     )
     .await
@@ -785,7 +791,7 @@ async fn a_frontier_inside_a_transaction_resumes_or_retakes_the_snapshot() {
     .await;
     mock.count(&changes_at_sql(0x280), 0).await;
     let mut run = start(
-        options(mock.port, SnapshotMode::Initial),
+        options(mock.port, SqlServerSnapshot::Initial),
         Some(Position::new(Lsn(0x200), 5)),
     )
     .await
@@ -841,7 +847,7 @@ async fn a_route_transform_runs_on_sql_server_changes() {
     )
     .await;
     let mut run = start_with(
-        options(mock.port, SnapshotMode::Never),
+        options(mock.port, SqlServerSnapshot::Never),
         Some(Position::new(Lsn(0x100), WHOLE)),
         Some(Arc::new(transform)),
     )
@@ -869,24 +875,30 @@ async fn a_route_transform_runs_on_sql_server_changes() {
 #[tokio::test]
 async fn mysql_sink_keeps_the_frontier_the_source_resumes_from() {
     use zipline::change::Column;
-    use zipline::sink::mysql::{MysqlConnector, MysqlSinkOptions};
+    use zipline::sink::mysql::MysqlConnector;
     use zipline::sink::{Batch, CheckpointStore, SinkConnector};
 
     let my = common::MariaDb::start();
     my.create_database("shop");
     my.sql("shop", "CREATE TABLE t (id INT PRIMARY KEY, v TEXT)");
-    let sink = MysqlConnector::new(MysqlSinkOptions {
-        connector: "out".into(),
-        pipeline: "frontier".into(),
-        host: my.host().into(),
-        port: my.port,
-        database: "shop".into(),
-        user: "root".into(),
-        password: None,
-        connect_timeout: Duration::from_secs(5),
-        dead_letter_table: "_zipline_dead_letters".into(),
-        create_dead_letter_table: false,
-    });
+    let entry = format!(
+        "name: out\ntype: sink/mysql\nhost: {}\nport: {}\ndatabase: shop\nuser: root\n\
+         connect_timeout: 5s\n",
+        my.host(),
+        my.port
+    );
+    let opts = LoadOptions {
+        secrets_dir: None,
+        env: Box::new(|_| None),
+    };
+    let ConnectorKind::MysqlSink(settings) =
+        config::load_connector("test.yaml", &entry, "frontier", &opts)
+            .expect("the sink's settings load")
+            .kind
+    else {
+        panic!("not a MySQL sink");
+    };
+    let sink = MysqlConnector::new("frontier", settings);
     let table = Arc::new(Table::new(
         "dbo".into(),
         "t".into(),
@@ -972,7 +984,7 @@ async fn mysql_sink_keeps_the_frontier_the_source_resumes_from() {
 #[tokio::test]
 async fn encryption_required_against_a_server_without_tls_is_refused() {
     let mock = Mock::start(0x10).await;
-    let mut opts = options(mock.port, SnapshotMode::Never);
+    let mut opts = options(mock.port, SqlServerSnapshot::Never);
     opts.encrypt = true;
     let err = start(opts, None)
         .await

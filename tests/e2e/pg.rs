@@ -284,25 +284,31 @@ pub mod fixtures {
 
     use crate::common::Postgres;
     use zipline::change::{Change, Column, PG_EPOCH_MICROS, Table, Value};
-    use zipline::sink::postgres::PostgresSinkOptions;
+    use zipline::config::{self, ConnectorKind, LoadOptions};
     use zipline::sink::{Batch, LaneSink};
 
     pub const DB: &str = super::SINK_DB;
 
-    pub fn options(pg: &Postgres) -> PostgresSinkOptions {
-        PostgresSinkOptions {
-            connector: "pg-out".into(),
-            pipeline: "orders-pipe".into(),
-            host: pg.host().into(),
-            port: pg.port,
-            database: DB.into(),
-            user: "postgres".into(),
-            password: None,
-            schema: None,
-            create_tables: false,
-            connect_timeout: Duration::from_secs(5),
-            dead_letter_table: "_zipline_dead_letters".into(),
-            create_dead_letter_table: false,
+    /// The pipeline the sink belongs to (part of its checkpoint keys).
+    pub const PIPELINE: &str = "orders-pipe";
+
+    pub fn options(pg: &Postgres) -> config::PostgresSink {
+        let entry = format!(
+            "name: pg-out\ntype: sink/postgres\nhost: {}\nport: {}\ndatabase: {DB}\n\
+             user: postgres\nconnect_timeout: 5s\n",
+            pg.host(),
+            pg.port
+        );
+        let opts = LoadOptions {
+            secrets_dir: None,
+            env: Box::new(|_| None),
+        };
+        match config::load_connector("test.yaml", &entry, PIPELINE, &opts)
+            .expect("the sink's settings load")
+            .kind
+        {
+            ConnectorKind::PostgresSink(sink) => sink,
+            other => panic!("not a PostgreSQL sink: {}", other.type_name()),
         }
     }
 
