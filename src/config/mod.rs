@@ -22,7 +22,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use serde::de::{Deserializer, Error as _, IgnoredAny};
+use serde::de::{Deserializer, IgnoredAny};
 
 mod connectors;
 mod defaults;
@@ -143,21 +143,11 @@ struct Document {
 }
 
 fn connector_list<'de, D: Deserializer<'de>>(d: D) -> Result<IgnoredAny, D::Error> {
-    non_empty_list(d, "at least one connector is required")
+    Vec::<IgnoredAny>::deserialize(d).map(|_| IgnoredAny)
 }
 
 fn route_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IgnoredAny>, D::Error> {
-    non_empty_list(d, "at least one route is required").map(Some)
-}
-
-fn non_empty_list<'de, D: Deserializer<'de>>(
-    d: D,
-    empty: &'static str,
-) -> Result<IgnoredAny, D::Error> {
-    if Vec::<IgnoredAny>::deserialize(d)?.is_empty() {
-        return Err(D::Error::custom(empty));
-    }
-    Ok(IgnoredAny)
+    Vec::<IgnoredAny>::deserialize(d).map(|_| Some(IgnoredAny))
 }
 
 fn parse_pipeline(
@@ -174,6 +164,9 @@ fn parse_pipeline(
         ));
     }
     let document: Document = deserializer::from_node(ctx.file, root)?;
+    if root.get("connectors").is_none_or(|c| c.items().is_empty()) {
+        return Err(ctx.err("connectors", "at least one connector is required"));
+    }
     let mut connectors: Vec<Connector> = Vec::new();
     for item in root.get("connectors").map(Node::items).unwrap_or_default() {
         let c = connectors::parse_connector(ctx, item, opts, &document.name)?;
@@ -191,6 +184,9 @@ fn parse_pipeline(
         connectors.push(c);
     }
     let routes = match root.get("routes") {
+        Some(node) if node.items().is_empty() => {
+            return Err(ctx.err("routes", "at least one route is required"));
+        }
         Some(node) => routes::parse_routes(ctx, node, &connectors)?,
         None => return Err(ctx.err("routes", "required field is missing")),
     };

@@ -444,6 +444,7 @@ mod tests {
         assert!(probe("p: 0\n").is_err());
         assert_eq!(probe("r: 0\n").unwrap().r, Some(0));
         assert!(probe("l: 0\n").is_err());
+        assert_eq!(probe("l: 256\n").unwrap().l, Some(256));
         assert_eq!(
             probe("l: 5432\n").unwrap_err(),
             "t.yaml:1: l: must be between 1 and 256, found 5432"
