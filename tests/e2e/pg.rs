@@ -280,7 +280,6 @@ pub async fn wait_snapshot_complete(
 /// by hand, a cluster with the sink database, and lane helpers.
 pub mod fixtures {
     use std::sync::Arc;
-    use std::time::Duration;
 
     use crate::common::Postgres;
     use zipline::change::{Change, Column, PG_EPOCH_MICROS, Table, Value};
