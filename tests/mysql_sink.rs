@@ -381,7 +381,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
     assert_eq!(
         err.report(),
         "sink mysql-out: table `shop`.`missing` does not exist (source table public.missing); \
-         create it with a primary key on (id)"
+         create it with a primary key on (id), or set create_tables: true"
     );
     // The checkpoint table was created on the way.
     assert_eq!(
