@@ -4,8 +4,7 @@
 //! batch falls back to upserts and converges, a value the column refuses is definite and
 //! names its row, and a table `COPY` must not write (rules) still gets its rows by `INSERT`.
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::sync::Arc;
 

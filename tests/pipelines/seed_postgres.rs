@@ -7,8 +7,7 @@
 //! must never go back to an older state, never invent one, and never touch a key the source
 //! did not change.
 
-mod common;
-mod e2e;
+use crate::e2e;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

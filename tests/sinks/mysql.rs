@@ -3,7 +3,7 @@
 //! retry converges, bad tables and bad rows are classified, and a lane-count change restarts
 //! every lane from the lowest checkpoint.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -8,8 +8,7 @@
 //! - After a clean SIGTERM the slot's `confirmed_flush_lsn` covers the last applied write,
 //!   so a restart does not re-read (and the server can recycle) WAL already applied.
 
-mod common;
-mod e2e;
+use crate::e2e;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

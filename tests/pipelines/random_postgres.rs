@@ -15,8 +15,7 @@
 //!   copied by the snapshot (by `COPY`, or by upserts where the sink already has the key),
 //!   then the stream carries on.
 
-mod common;
-mod e2e;
+use crate::e2e;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -16,7 +16,7 @@
 //! mapping of the other types is unit-tested in `src/source/sqlserver/types.rs`; the real
 //! server behaviour is covered by `tests/sqlserver_live.rs` when `ZIPLINE_MSSQL_URL` is set.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,8 +3,7 @@
 //! credentials, database, schema), `create_tables` creates tables with the source's exact
 //! types, and a source column the sink lacks is added to it before the first row carrying it.
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::sync::Arc;
 

@@ -7,8 +7,7 @@
 //!   (a connection killed mid-batch: whatever transaction it had open is rolled back).
 //! - The sink cluster itself crashes (SIGKILL) and restarts.
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::time::{Duration, Instant};
 

@@ -6,8 +6,7 @@
 //! durable frontier (for sources without an upstream cursor) needs every lane.
 //! Table checks and `create_tables`: `tests/pg_sink_tables.rs`.
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,8 +11,7 @@
 //! - `toasted_values_survive_partial_updates_and_key_changes`: large values stored out of
 //!   line, which pgoutput sends as "unchanged" when an update does not touch them.
 
-mod common;
-mod e2e;
+use crate::e2e;
 
 use std::time::Duration;
 

@@ -6,8 +6,7 @@
 //! - From inside MariaDB: `KILL` every connection of the sink database, a few times.
 //! - The sink server itself crashes (SIGKILL) and restarts.
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::time::{Duration, Instant};
 

@@ -8,8 +8,7 @@
 //! - Both end with the slot's `confirmed_flush_lsn` at or past the last commit, while Zipline
 //!   idles and after its clean stop.
 
-mod common;
-mod e2e;
+use crate::e2e;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
