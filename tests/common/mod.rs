@@ -35,6 +35,7 @@ pub mod changes;
 mod mariadb;
 mod pg;
 mod proxy;
+pub mod sinks;
 
 pub use mariadb::MariaDb;
 pub use pg::Postgres;

@@ -8,7 +8,8 @@ use crate::{common, e2e};
 use std::sync::Arc;
 
 use common::changes::{claimed, open, pos, upsert};
-use e2e::pg::fixtures::{DB, SOURCE_MOOD_OID, apply, col, options, server, table};
+use common::changes::apply;
+use common::sinks::postgres::{DB, SOURCE_MOOD_OID, col, options, server, table};
 use e2e::pg::scram_role;
 use zipline::change::{PG_EPOCH_MICROS, Table, Value};
 use zipline::error::ErrorClass;
