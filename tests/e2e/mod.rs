@@ -20,6 +20,7 @@
 #![allow(dead_code)]
 
 pub mod pg;
+pub mod sinks;
 pub mod snapshot;
 pub mod workload;
 

@@ -1,0 +1,510 @@
+//! The pipeline contract: what every sink does end to end, through the real `zipline` binary
+//! from a PostgreSQL source, written once against [`SinkFixture`] and run against each sink
+//! (`contract::mysql::*`: MariaDB, `contract::postgres::*`: PostgreSQL). The sink must end
+//! equal to the source, row for row:
+//!
+//! - randomized workloads: ≥ 20,000 changes over ≥ 2,000 keys from 4 concurrent writers in
+//!   multi-statement transactions with key changes across lanes, streamed, or committed while
+//!   Zipline is stopped and replayed as one backlog in small batches on 3 lanes;
+//! - a TRUNCATE lands after every earlier change of every lane and before every later one;
+//! - out-of-line (TOASTed) values pgoutput sends as "unchanged" survive partial updates and
+//!   key changes; key swaps, chains and reuse come out right in source order;
+//! - SIGTERM mid-workload drains and exits 0, a new process resumes; four SIGKILLs at random
+//!   moments converge with no duplicate and no lost delete; the slot's confirmed position
+//!   covers the last applied write while idle and after a clean stop;
+//! - sink faults: connections cut through a proxy and refused, the sink's sessions killed from
+//!   inside the server, the sink server crashed and restarted: the lanes retry (the log says
+//!   so) and nothing is lost or applied twice.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::common::Proxy;
+use crate::e2e::pg::PgFixture;
+use crate::e2e::sinks::SinkFixture;
+use crate::e2e::workload::{self, Config, Report};
+use crate::e2e::{
+    CONVERGE_TIMEOUT, Fixture, PG_DB, PipelineOpts, Zipline, current_wal_lsn,
+    wait_confirmed_at_least, wait_streaming,
+};
+
+/// Emits one `#[tokio::test]` per scenario (with its worker threads) for each
+/// `module: SinkFixture` pair.
+macro_rules! contract {
+    ($($sink:ident: $fixture:ty),+ $(,)?) => {$(
+        mod $sink {
+            use super::*;
+
+            contract!(@tests $fixture;
+                random_workload_converges: 4,
+                random_backlog_converges_with_small_batches: 4,
+                truncate_then_insert: 2,
+                toasted_values_survive_partial_updates_and_key_changes: 2,
+                key_swaps_chains_and_reuse: 2,
+                sigterm_mid_workload_exits_cleanly_and_resumes: 4,
+                sigkill_four_times_mid_workload_converges: 4,
+                sink_cuts_and_refusals_converge: 4,
+                killed_sink_sessions_converge: 4,
+                sink_server_crash_converges: 4,
+            );
+        }
+    )+};
+    (@tests $fixture:ty; $($scenario:ident: $threads:literal),+ $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+        async fn $scenario() {
+            super::$scenario::<$fixture>().await;
+        }
+    )+};
+}
+
+contract!(mysql: Fixture, postgres: PgFixture);
+
+/// The log line of a retried sink error.
+const RETRY_LOG: &str = "transient sink error";
+
+/// Starts Zipline with `opts` and waits until it streams.
+async fn streaming<F: SinkFixture>(
+    opts: &PipelineOpts,
+) -> (F, Zipline, tokio_postgres::Client, F::Checker) {
+    let mut fx = F::start();
+    fx.write(opts);
+    let src = fx.source_client().await;
+    let sink = fx.checker().await;
+    let mut z = fx.apply();
+    wait_streaming(&src, &mut z, Duration::from_secs(30)).await;
+    (fx, z, src, sink)
+}
+
+/// Keys the workload touched that are gone from the source: they must be gone from the sink.
+async fn deleted_keys(src: &tokio_postgres::Client, report: &Report) -> Vec<i64> {
+    let live: HashSet<i64> = src
+        .query("SELECT id FROM orders", &[])
+        .await
+        .expect("reading source ids")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    report
+        .keys
+        .iter()
+        .copied()
+        .filter(|k| !live.contains(k))
+        .collect()
+}
+
+/// A workload that runs until stopped, 15 ms between transactions per writer.
+fn paced(seed: u64) -> Config {
+    let mut cfg = Config::new(seed, u64::MAX);
+    cfg.pause = Duration::from_millis(15);
+    cfg
+}
+
+/// Waits until the workload has committed `n` changes.
+async fn wait_changes(w: &workload::Handle, z: &mut Zipline, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w.changes() < n {
+        assert!(
+            Instant::now() < deadline,
+            "workload too slow: {} changes",
+            w.changes()
+        );
+        z.assert_running();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn assert_retried(z: &Zipline) {
+    assert!(
+        z.output().contains(RETRY_LOG),
+        "the log should show a retried sink error (`{RETRY_LOG}`):\n{}",
+        z.tail(40)
+    );
+}
+
+async fn random_workload_converges<F: SinkFixture>() {
+    let (fx, mut z, src, mut sink) = streaming::<F>(&PipelineOpts::default()).await;
+    let w = workload::start(
+        fx.source().conn_str(PG_DB),
+        Config::new(workload::seed(), 20_000),
+    );
+    while !w.is_finished() {
+        z.assert_running();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let report = w.join().await;
+    assert!(report.changes >= 20_000, "only {} changes", report.changes);
+    assert!(
+        report.keys.len() >= 2_000,
+        "only {} keys",
+        report.keys.len()
+    );
+    assert!(report.rekeys > 100, "only {} key changes", report.rekeys);
+    assert!(report.deletes > 1_000, "only {} deletes", report.deletes);
+
+    let rows = F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+    assert!(rows > 100, "suspiciously few rows: {rows}");
+    F::assert_absent(&mut sink, &deleted_keys(&src, &report).await).await;
+    z.terminate_cleanly(Duration::from_secs(15));
+}
+
+/// The same kind of workload committed while Zipline is stopped, then read as one backlog
+/// with small batches on 3 lanes: batches full of coalescable changes, and key changes whose
+/// old and new keys sit in different lanes' batches at the same time.
+async fn random_backlog_converges_with_small_batches<F: SinkFixture>() {
+    let (mut fx, mut first, src, mut sink) = streaming::<F>(&PipelineOpts {
+        lanes: 3,
+        sink_extra: vec!["batch_size: 50".to_owned(), "max_wait: 5ms".to_owned()],
+        ..PipelineOpts::default()
+    })
+    .await;
+    first.terminate_cleanly(Duration::from_secs(15));
+
+    let mut cfg = Config::new(workload::seed(), 20_000);
+    cfg.key_space = 2_000;
+    cfg.rekey_pct = 15;
+    let report = workload::start(fx.source().conn_str(PG_DB), cfg).join().await;
+    assert!(report.changes >= 20_000 && report.keys.len() >= 1_900);
+
+    let mut second = fx.apply();
+    let rows = F::wait_converged(&src, &mut sink, Some(&mut second), CONVERGE_TIMEOUT).await;
+    assert!(rows > 100, "suspiciously few rows: {rows}");
+    second.terminate_cleanly(Duration::from_secs(15));
+}
+
+async fn truncate_then_insert<F: SinkFixture>() {
+    let (_fx, mut z, src, mut sink) = streaming::<F>(&PipelineOpts::default()).await;
+    src.batch_execute(
+        "INSERT INTO orders SELECT g, 'c' || g, g * 1.5, 'new', '2024-01-01'::timestamptz
+           + g * interval '1 minute', g % 2 = 0, NULL FROM generate_series(1, 300) g",
+    )
+    .await
+    .unwrap();
+    F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+
+    // Changes spread over every lane, then TRUNCATE and re-inserts of some old keys in the
+    // same transaction, then more changes right behind it. An update applied after the
+    // truncate would resurrect its row; a truncate applied late would wipe the re-inserts.
+    src.batch_execute(
+        "UPDATE orders SET status = 'before-truncate' WHERE id % 3 = 0;
+         BEGIN;
+         UPDATE orders SET amount = amount + 1 WHERE id % 5 = 0;
+         TRUNCATE orders;
+         INSERT INTO orders VALUES (5, 'again', 5.55, 'reborn', NULL, true, 'after truncate');
+         INSERT INTO orders SELECT g, 'new' || g, g, 'fresh', NULL, NULL, NULL
+           FROM generate_series(1000, 1010) g;
+         COMMIT;
+         INSERT INTO orders VALUES (17, 'late', 1.00, 'new', now(), false, NULL);
+         UPDATE orders SET status = 'updated-after' WHERE id IN (5, 1003);",
+    )
+    .await
+    .unwrap();
+    let rows = F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+    assert_eq!(rows, 13, "5, 17 and 1000..=1010");
+
+    // A TRUNCATE in a transaction of its own, immediately followed by inserts.
+    src.batch_execute(
+        "TRUNCATE orders;
+         INSERT INTO orders SELECT g, NULL, NULL, 'third', NULL, NULL, NULL
+           FROM generate_series(1, 50) g;",
+    )
+    .await
+    .unwrap();
+    let rows = F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+    assert_eq!(rows, 50);
+    z.terminate_cleanly(Duration::from_secs(15));
+}
+
+async fn toasted_values_survive_partial_updates_and_key_changes<F: SinkFixture>() {
+    let (_fx, mut z, src, mut sink) = streaming::<F>(&PipelineOpts::default()).await;
+    // ~6 kB notes, stored out of line and uncompressed (STORAGE EXTERNAL): real TOAST.
+    src.batch_execute(
+        "ALTER TABLE orders ALTER COLUMN note SET STORAGE EXTERNAL;
+         INSERT INTO orders SELECT g, 'c' || g, g, 'new', NULL, NULL,
+                (SELECT string_agg(md5(g::text || '-' || i), '') FROM generate_series(1, 190) i)
+         FROM generate_series(1, 40) g;",
+    )
+    .await
+    .unwrap();
+    F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+
+    src.batch_execute(
+        // The note is not touched: pgoutput sends it as "unchanged TOAST".
+        "UPDATE orders SET status = 'paid' WHERE id <= 20;
+         UPDATE orders SET amount = amount * 2, flag = true WHERE id BETWEEN 5 AND 15;
+         -- Key changes that leave the note untouched: the new row's note is not in the message.
+         UPDATE orders SET id = id + 1000 WHERE id BETWEEN 21 AND 30;
+         UPDATE orders SET id = id + 2000, status = 'moved' WHERE id BETWEEN 31 AND 35;
+         BEGIN;
+         UPDATE orders SET status = 'twice' WHERE id = 36;
+         UPDATE orders SET id = 3036 WHERE id = 36;
+         COMMIT;",
+    )
+    .await
+    .unwrap();
+    let rows = F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+    assert_eq!(rows, 40);
+    z.terminate_cleanly(Duration::from_secs(15));
+}
+
+/// Key changes that only come out right if every lane applies them in source order: swaps
+/// through a temporary key, chains, a key moved and moved back, and keys reused within one
+/// transaction.
+async fn key_swaps_chains_and_reuse<F: SinkFixture>() {
+    let (_fx, mut z, src, mut sink) = streaming::<F>(&PipelineOpts::default()).await;
+    src.batch_execute(
+        "INSERT INTO orders SELECT g, 'row ' || g, g, 'new', NULL, g % 2 = 0, 'note ' || g
+         FROM generate_series(1, 40) g",
+    )
+    .await
+    .unwrap();
+    let steps = [
+        // Swap 1 and 2 through a temporary key.
+        "BEGIN; UPDATE orders SET id = -1 WHERE id = 1; UPDATE orders SET id = 1 WHERE id = 2;
+         UPDATE orders SET id = 2 WHERE id = -1; COMMIT;",
+        // A chain: 10 → 100, 11 → 10, 12 → 11.
+        "BEGIN; UPDATE orders SET id = 100 WHERE id = 10; UPDATE orders SET id = 10 WHERE id = 11;
+         UPDATE orders SET id = 11 WHERE id = 12; COMMIT;",
+        // Moved away and back, changing a column on the way.
+        "UPDATE orders SET id = 500 WHERE id = 20;
+         UPDATE orders SET status = 'away' WHERE id = 500;
+         UPDATE orders SET id = 20 WHERE id = 500;",
+        // Delete and re-insert the same key in one transaction; insert then move.
+        "BEGIN; DELETE FROM orders WHERE id = 30;
+         INSERT INTO orders VALUES (30, 'reborn', 3.30, 'new', NULL, NULL, NULL);
+         INSERT INTO orders VALUES (600, 'fresh', 6.00, 'new', NULL, NULL, NULL);
+         UPDATE orders SET id = 601 WHERE id = 600; COMMIT;",
+        // Move onto a key just freed by a delete, in one statement each.
+        "BEGIN; DELETE FROM orders WHERE id = 35; UPDATE orders SET id = 35 WHERE id = 36; COMMIT;",
+        // Shift a range up by one key (each row onto its neighbour's old key), through a
+        // temporary range because PostgreSQL checks the key row by row.
+        "BEGIN; DELETE FROM orders WHERE id = 19;
+         UPDATE orders SET id = id + 1000 WHERE id BETWEEN 13 AND 18;
+         UPDATE orders SET id = id - 999 WHERE id BETWEEN 1013 AND 1018; COMMIT;",
+    ];
+    for sql in steps {
+        src.batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    let rows = F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+    assert_eq!(rows, 39, "40 rows, two deleted, one inserted");
+    z.terminate_cleanly(Duration::from_secs(15));
+}
+
+/// Ends a restart test: one last write, convergence, no deleted key left in the sink, SIGTERM
+/// (exit 0), and the slot's confirmed position at or past the last commit Zipline applied.
+///
+/// Also checks the WAL position read after convergence (`pg_current_wal_lsn()`). That one
+/// can be past the last commit: reading the tables prunes heap pages, which writes WAL.
+/// Such WAL holds no changes, and Zipline confirms it when the walsender's next keepalive
+/// says so (within about `wal_sender_timeout / 2`); an idle pipeline that never did would
+/// pin WAL forever. So it is required first while Zipline runs, then again after the stop.
+async fn finish<F: SinkFixture>(
+    src: &tokio_postgres::Client,
+    sink: &mut F::Checker,
+    z: &mut Zipline,
+    report: &Report,
+) {
+    src.batch_execute(
+        "INSERT INTO orders VALUES (999999, 'marker', 1.00, 'last', now(), true, 'last write')
+         ON CONFLICT (id) DO UPDATE SET note = 'last write again'",
+    )
+    .await
+    .expect("marker write");
+    let last_commit = current_wal_lsn(src).await;
+    F::wait_converged(src, sink, Some(&mut *z), CONVERGE_TIMEOUT).await;
+    let deleted = deleted_keys(src, report).await;
+    assert!(!deleted.is_empty(), "the workload deleted nothing");
+    F::assert_absent(sink, &deleted).await;
+
+    let after_converged = current_wal_lsn(src).await;
+    let (confirmed, reached) =
+        wait_confirmed_at_least(src, &after_converged, Duration::from_secs(10)).await;
+    assert!(
+        reached,
+        "a running, idle Zipline left the slot at {confirmed}, behind the WAL position \
+         {after_converged} read after convergence (last commit {last_commit}) for 10 s\nzipline log:\n{}",
+        z.tail(40)
+    );
+
+    let took = z.terminate_cleanly(Duration::from_secs(10));
+    eprintln!("e2e: clean stop took {took:.1?}");
+    for (what, lsn) in [
+        ("the last commit", &last_commit),
+        ("pg_current_wal_lsn() after convergence", &after_converged),
+    ] {
+        // The walsender applies the final status update a moment after Zipline sends it.
+        let (confirmed, reached) = wait_confirmed_at_least(src, lsn, Duration::from_secs(5)).await;
+        assert!(
+            reached,
+            "after a clean stop the slot's confirmed_flush_lsn is {confirmed}, behind {what} \
+             ({lsn})\nzipline log:\n{}",
+            z.tail(40)
+        );
+    }
+}
+
+async fn sigterm_mid_workload_exits_cleanly_and_resumes<F: SinkFixture>() {
+    let (mut fx, mut first, src, mut sink) = streaming::<F>(&PipelineOpts::default()).await;
+    let mut cfg = paced(workload::seed());
+    cfg.target_changes = 10_000;
+    let w = workload::start(fx.source().conn_str(PG_DB), cfg);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w.changes() < 3_000 {
+        assert!(Instant::now() < deadline, "workload too slow");
+        first.assert_running();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !w.is_finished(),
+        "the workload should still be running at the stop"
+    );
+    let took = first.terminate_cleanly(Duration::from_secs(10));
+    eprintln!(
+        "e2e: SIGTERM mid-workload: exit 0 after {took:.1?}, at {} changes",
+        w.changes()
+    );
+    // The source keeps changing while nothing replicates.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut second = fx.apply();
+    let report = w.join().await;
+    finish::<F>(&src, &mut sink, &mut second, &report).await;
+}
+
+async fn sigkill_four_times_mid_workload_converges<F: SinkFixture>() {
+    let (mut fx, mut z, src, mut sink) = streaming::<F>(&PipelineOpts::default()).await;
+    let seed = workload::seed();
+    let w = workload::start(fx.source().conn_str(PG_DB), paced(seed));
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5151);
+    // Killed processes are kept so a failing test prints their logs too.
+    let mut killed: Vec<Zipline> = Vec::new();
+    for round in 1..=4 {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_500))).await;
+        z.assert_running();
+        let at = w.changes();
+        z.kill();
+        eprintln!("e2e: SIGKILL {round} at {at} changes");
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..800))).await;
+        killed.push(std::mem::replace(&mut z, fx.apply()));
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    z.assert_running();
+    w.stop();
+    let report = w.join().await;
+    assert!(report.changes >= 5_000, "only {} changes", report.changes);
+    finish::<F>(&src, &mut sink, &mut z, &report).await;
+    drop(killed);
+}
+
+async fn sink_cuts_and_refusals_converge<F: SinkFixture>() {
+    let mut fx = F::start();
+    let proxy = Proxy::start(fx.sink_server_port()).await;
+    fx.set_pipeline_sink_port(proxy.port);
+    fx.write(&PipelineOpts::default());
+    let src = fx.source_client().await;
+    let mut sink = fx.checker().await;
+    let mut z = fx.apply();
+    wait_streaming(&src, &mut z, Duration::from_secs(30)).await;
+    assert!(
+        proxy.wait_for_connections(1, Duration::from_secs(10)).await,
+        "zipline streams but holds no sink connection through the proxy on port {} \
+         (did it switch to the Unix socket?)",
+        proxy.port
+    );
+
+    let w = workload::start(fx.source().conn_str(PG_DB), paced(workload::seed()));
+    wait_changes(&w, &mut z, 1_000).await;
+    for round in 1..=5 {
+        let live = proxy.connections();
+        proxy.cut_all();
+        eprintln!(
+            "e2e: cut {round}: reset {live} sink connections at {} changes",
+            w.changes()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        z.assert_running();
+    }
+    proxy.cut_all();
+    proxy.set_refuse(true);
+    eprintln!(
+        "e2e: refusing sink connections for 2 s at {} changes",
+        w.changes()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    proxy.set_refuse(false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    w.stop();
+    let report = w.join().await;
+    assert!(report.changes >= 3_000, "only {} changes", report.changes);
+
+    F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+    assert_retried(&z);
+    z.terminate_cleanly(Duration::from_secs(15));
+}
+
+/// Every session Zipline holds on the sink server ended from inside it (MariaDB `KILL`,
+/// PostgreSQL `pg_terminate_backend`), four times a little over a second apart.
+async fn killed_sink_sessions_converge<F: SinkFixture>() {
+    let mut fx = F::start();
+    fx.write(&PipelineOpts::default());
+    let src = fx.source_client().await;
+    let mut sink = fx.checker().await;
+    let mut admin = fx.admin().await;
+    let mut z = fx.apply();
+    wait_streaming(&src, &mut z, Duration::from_secs(30)).await;
+
+    let w = workload::start(fx.source().conn_str(PG_DB), paced(workload::seed()));
+    wait_changes(&w, &mut z, 1_000).await;
+    let mut total_killed = 0;
+    for round in 1..=4 {
+        let killed = F::kill_sink_sessions(&mut admin).await;
+        total_killed += killed;
+        eprintln!(
+            "e2e: kill round {round}: {killed} sink sessions at {} changes",
+            w.changes()
+        );
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        z.assert_running();
+    }
+    assert!(
+        total_killed >= 4,
+        "found only {total_killed} sink sessions to kill"
+    );
+    w.stop();
+    let report = w.join().await;
+    assert!(report.changes >= 3_000, "only {} changes", report.changes);
+
+    F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+    assert_retried(&z);
+    z.terminate_cleanly(Duration::from_secs(15));
+}
+
+/// The sink server crashes (SIGKILL) mid-workload and comes back a second later: the lanes
+/// retry until it is back, and whatever batch was in flight is applied exactly once.
+async fn sink_server_crash_converges<F: SinkFixture>() {
+    let mut fx = F::start();
+    fx.write(&PipelineOpts::default());
+    let src = fx.source_client().await;
+    let mut z = fx.apply();
+    wait_streaming(&src, &mut z, Duration::from_secs(30)).await;
+
+    let w = workload::start(fx.source().conn_str(PG_DB), paced(workload::seed()));
+    wait_changes(&w, &mut z, 2_000).await;
+    fx.crash_sink();
+    eprintln!("e2e: sink server killed at {} changes", w.changes());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    fx.restart_sink();
+    eprintln!("e2e: sink server back at {} changes", w.changes());
+    wait_changes(&w, &mut z, w.changes() + 2_000).await;
+    w.stop();
+    let report = w.join().await;
+    assert!(report.changes >= 4_000, "only {} changes", report.changes);
+
+    let mut sink = fx.checker().await;
+    F::wait_converged(&src, &mut sink, Some(&mut z), CONVERGE_TIMEOUT).await;
+    assert_retried(&z);
+    z.terminate_cleanly(Duration::from_secs(15));
+}
