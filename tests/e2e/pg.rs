@@ -1,6 +1,6 @@
-//! Helpers for PostgreSQL → PostgreSQL tests (`tests/e2e_pg_*.rs`, `tests/pg_sink.rs`): two
-//! throwaway clusters, the source (database `app`, as in [`super::Fixture`]) and the sink
-//! (database `replica`), the `orders` table on both, and row-for-row comparison of the whole
+//! Helpers for PostgreSQL → PostgreSQL tests (`tests/pipelines`): two throwaway clusters,
+//! the source (database `app`, as in [`super::Fixture`]) and the sink (database `replica`),
+//! the `orders` table on both, and row-for-row comparison of the whole
 //! rows as PostgreSQL renders them (`t::text`), so a value that changed type, precision or
 //! time zone on the way shows up.
 //!
