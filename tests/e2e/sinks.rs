@@ -4,12 +4,14 @@
 
 use std::future::Future;
 use std::ops::DerefMut;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mysql_async::prelude::Queryable;
 
-use super::pg::{PgFixture, pg_pipeline_yaml, zipline_backends};
-use super::{Fixture, MY_DB, PG_DB, PipelineOpts, Workdir, Zipline, assert_absent_in_sink};
+use super::pg::{PgFixture, SINK_DB, pg_pipeline_yaml, zipline_backends};
+use super::{
+    Fixture, MY_DB, PG_DB, PipelineOpts, Workdir, Zipline, assert_absent_in_sink, diff_rows,
+};
 use crate::common::Postgres;
 
 /// A source PostgreSQL (database `app`) and a sink, both holding `orders`, and the pipeline
@@ -48,12 +50,36 @@ pub trait SinkFixture: DerefMut<Target = Workdir> + Sized {
     /// Asserts no row of `ids` is in the sink's `orders`.
     fn assert_absent(sink: &mut Self::Checker, ids: &[i64]) -> impl Future<Output = ()>;
 
+    /// Runs `sql` on the sink database (blocking, through the server's CLI client).
+    fn sink_sql(&self, sql: &str);
+    /// Asserts the sink's `orders` equals the source's now, without waiting.
+    fn assert_equal_now(
+        src: &tokio_postgres::Client,
+        sink: &mut Self::Checker,
+    ) -> impl Future<Output = ()>;
+    /// Waits until the sink records the initial snapshot as complete; fails after `timeout`
+    /// or at once if `z` exits.
+    fn wait_snapshot_complete(
+        sink: &mut Self::Checker,
+        z: &mut Zipline,
+        timeout: Duration,
+    ) -> impl Future<Output = ()>;
+    /// The sink's `orders_audit`, kept by triggers on its `orders` ([`SinkFixture::AUDIT`]):
+    /// its rows as `(id, op, state)` in the order the sink made them, state `status/amount`
+    /// (None for a delete); and clearing it.
+    fn audit(sink: &mut Self::Checker) -> impl Future<Output = Vec<(i64, String, Option<String>)>>;
+    fn clear_audit(sink: &mut Self::Checker) -> impl Future<Output = ()>;
+
     /// The sink server's own port, and pointing the pipeline at another (a proxy's).
     fn sink_server_port(&self) -> u16;
     fn set_pipeline_sink_port(&mut self, port: u16);
     fn admin(&self) -> impl Future<Output = Self::Admin>;
     /// Ends every session Zipline holds on the sink server; returns how many there were.
     fn kill_sink_sessions(admin: &mut Self::Admin) -> impl Future<Output = usize>;
+    /// The DDL of `orders_audit` and its triggers on this sink.
+    const AUDIT: &'static str;
+    /// The seed trace's rows (`SEED` of `tests/pipelines/contract.rs`) as this sink stores them.
+    const SEED: &'static str;
     /// SIGKILLs the sink server; [`SinkFixture::restart_sink`] brings it back on its port.
     fn crash_sink(&mut self);
     fn restart_sink(&mut self);
@@ -95,6 +121,92 @@ impl SinkFixture for Fixture {
 
     async fn assert_absent(sink: &mut mysql_async::Conn, ids: &[i64]) {
         assert_absent_in_sink(sink, ids).await;
+    }
+
+    const AUDIT: &'static str = "
+CREATE TABLE orders_audit (
+    seq BIGINT AUTO_INCREMENT PRIMARY KEY,
+    id BIGINT NOT NULL,
+    op VARCHAR(6) NOT NULL,
+    status VARCHAR(20),
+    amount DECIMAL(12,2)
+) ENGINE=InnoDB;
+CREATE TRIGGER orders_audit_ins AFTER INSERT ON orders FOR EACH ROW
+    INSERT INTO orders_audit (id, op, status, amount) VALUES (NEW.id, 'insert', NEW.status, NEW.amount);
+CREATE TRIGGER orders_audit_upd AFTER UPDATE ON orders FOR EACH ROW
+    INSERT INTO orders_audit (id, op, status, amount) VALUES (NEW.id, 'update', NEW.status, NEW.amount);
+CREATE TRIGGER orders_audit_del AFTER DELETE ON orders FOR EACH ROW
+    INSERT INTO orders_audit (id, op, status, amount) VALUES (OLD.id, 'delete', NULL, NULL);
+";
+
+    const SEED: &'static str = "INSERT INTO orders VALUES
+    (1, 'Ada', 10.00, 'new', '2024-01-02 03:04:05.123456', 1, 'first'),
+    (2, 'O''Brien', 0.01, 'paid', '1999-12-31 23:59:59.999999', 0, NULL),
+    (3, NULL, NULL, NULL, NULL, NULL, NULL),
+    (2210, 'Zoë', 99.99, 'seed', '2023-06-15 12:00:00', 1, 'to be deleted')";
+
+    fn sink_sql(&self, sql: &str) {
+        self.my.sql(MY_DB, sql);
+    }
+
+    async fn assert_equal_now(src: &tokio_postgres::Client, sink: &mut mysql_async::Conn) {
+        super::assert_equal_now(src, sink).await;
+    }
+
+    async fn wait_snapshot_complete(
+        sink: &mut mysql_async::Conn,
+        z: &mut Zipline,
+        timeout: Duration,
+    ) {
+        let started = Instant::now();
+        loop {
+            z.assert_running();
+            let done: Option<bool> = sink
+                .query_first(format!(
+                    "SELECT done_at IS NOT NULL FROM {MY_DB}._zipline_snapshot \
+                     WHERE source_table = '' AND chunk = -1"
+                ))
+                .await
+                .ok()
+                .flatten();
+            if done == Some(true) {
+                return;
+            }
+            assert!(
+                started.elapsed() < timeout,
+                "the snapshot did not complete within {timeout:?}; zipline log:\n{}",
+                z.tail(60)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn audit(sink: &mut mysql_async::Conn) -> Vec<(i64, String, Option<String>)> {
+        let rows: Vec<(i64, String, Option<String>, Option<String>)> = sink
+            .query(format!(
+                "SELECT id, op, CAST(status AS CHAR), CAST(amount AS CHAR) \
+                 FROM {MY_DB}.orders_audit ORDER BY seq"
+            ))
+            .await
+            .expect("reading the audit table");
+        rows.into_iter()
+            .map(|(id, op, status, amount)| {
+                let state = (op != "delete").then(|| {
+                    format!(
+                        "{}/{}",
+                        status.expect("audited status"),
+                        amount.expect("audited amount")
+                    )
+                });
+                (id, op, state)
+            })
+            .collect()
+    }
+
+    async fn clear_audit(sink: &mut mysql_async::Conn) {
+        sink.query_drop(format!("DELETE FROM {MY_DB}.orders_audit"))
+            .await
+            .expect("clearing the audit");
     }
 
     fn sink_server_port(&self) -> u16 {
@@ -171,6 +283,65 @@ impl SinkFixture for PgFixture {
 
     async fn assert_absent(sink: &mut tokio_postgres::Client, ids: &[i64]) {
         super::pg::assert_absent(sink, ids).await;
+    }
+
+    const AUDIT: &'static str = "
+CREATE TABLE orders_audit (
+    seq bigserial PRIMARY KEY, id bigint NOT NULL, op text NOT NULL, state text);
+CREATE FUNCTION audit_orders() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        INSERT INTO orders_audit (id, op) VALUES (OLD.id, 'delete');
+    ELSE
+        INSERT INTO orders_audit (id, op, state)
+        VALUES (NEW.id, lower(TG_OP), NEW.status || '/' || NEW.amount);
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER orders_audit AFTER INSERT OR UPDATE OR DELETE ON orders
+    FOR EACH ROW EXECUTE FUNCTION audit_orders();";
+
+    const SEED: &'static str = "INSERT INTO orders VALUES
+    (1, 'Ada', 10.00, 'new', '2024-01-02 03:04:05.123456+00', true, 'first'),
+    (2, 'O''Brien', 0.01, 'paid', '1999-12-31 23:59:59.999999+00', false, NULL),
+    (3, NULL, NULL, NULL, NULL, NULL, NULL),
+    (2210, 'Zoë', 99.99, 'seed', '2023-06-15 12:00:00+00', true, 'to be deleted')";
+
+    fn sink_sql(&self, sql: &str) {
+        self.sink.psql(SINK_DB, sql);
+    }
+
+    async fn assert_equal_now(src: &tokio_postgres::Client, sink: &mut tokio_postgres::Client) {
+        let (a, b) = (
+            super::pg::rows(src, "orders").await,
+            super::pg::rows(sink, "orders").await,
+        );
+        if let Some(diff) = diff_rows(&a, &b) {
+            panic!("sink differs from source:\n{diff}");
+        }
+    }
+
+    async fn wait_snapshot_complete(
+        sink: &mut tokio_postgres::Client,
+        z: &mut Zipline,
+        timeout: Duration,
+    ) {
+        super::pg::wait_snapshot_complete(sink, z, timeout).await;
+    }
+
+    async fn audit(sink: &mut tokio_postgres::Client) -> Vec<(i64, String, Option<String>)> {
+        sink.query("SELECT id, op, state FROM orders_audit ORDER BY seq", &[])
+            .await
+            .expect("reading the audit table")
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect()
+    }
+
+    async fn clear_audit(sink: &mut tokio_postgres::Client) {
+        sink.batch_execute("DELETE FROM orders_audit")
+            .await
+            .expect("clearing the audit");
     }
 
     fn sink_server_port(&self) -> u16 {

@@ -2,11 +2,10 @@
 //! PostgreSQL sinks (helpers in `tests/e2e`), and the test harness's own checks.
 //!
 //! - `contract::mysql::*`, `contract::postgres::*`: the scenarios every sink passes, written
-//!   once (randomized workloads, truncates, TOAST, key swaps, SIGTERM and SIGKILL restarts,
-//!   sink connection faults and crashes).
-//! - Each sink's own: `seed_*` (the seed trace against an audit trigger in each dialect),
-//!   `bad_inputs_*` (what a bad configuration or server says), `postgres_sink` (the type zoo,
-//!   the initial snapshot's COPY).
+//!   once (the seed trace audited on the sink, randomized workloads, truncates, TOAST, key
+//!   swaps, SIGTERM and SIGKILL restarts, sink connection faults and crashes).
+//! - Each sink's own: `bad_inputs_*` (what a bad configuration or server says),
+//!   `postgres_sink` (the type zoo, the initial snapshot's COPY).
 //! - Source-side and cross-cutting: `large_tx`, `schema`, `snapshot`, `source_faults`,
 //!   `types`; `harness`: the test servers and proxy themselves.
 
@@ -22,8 +21,6 @@ mod harness;
 mod large_tx;
 mod postgres_sink;
 mod schema;
-mod seed_mysql;
-mod seed_postgres;
 mod snapshot;
 mod source_faults;
 mod types;

@@ -48,7 +48,10 @@ macro_rules! contract {
 contract!(mysql: MysqlUnderTest, postgres: PostgresUnderTest);
 
 /// `connector`'s tables checked, or a panic with its message.
-async fn checked<S: SinkUnderTest>(connector: &S::Connector, tables: &[Arc<zipline::change::Table>]) {
+async fn checked<S: SinkUnderTest>(
+    connector: &S::Connector,
+    tables: &[Arc<zipline::change::Table>],
+) {
     connector
         .check_tables(tables)
         .await
@@ -87,7 +90,10 @@ async fn batches_land_with_their_checkpoint_and_replays_converge<S: SinkUnderTes
     // Every value exactly as the sink would store the same values written in SQL.
     let expected = sink.expected_orders_rows(&[(1, tricky, 5), (2, "two again", 8)]);
     assert_eq!(sink.orders_rows(), expected);
-    assert_eq!(sink.checkpoints(), S::checkpoint_row(PIPELINE, 0, 2, 101, 2));
+    assert_eq!(
+        sink.checkpoints(),
+        S::checkpoint_row(PIPELINE, 0, 2, 101, 2)
+    );
 
     // The very same batch again (a retry after a lost COMMIT reply) converges.
     lane.apply(&batch)
@@ -134,7 +140,10 @@ async fn batches_land_with_their_checkpoint_and_replays_converge<S: SinkUnderTes
         values,
     );
     apply(&mut lane, vec![toast_move]).await;
-    assert_eq!(sink.order_notes(), format!("1\t{tricky}\t50\n21\tmoved\t10"));
+    assert_eq!(
+        sink.order_notes(),
+        format!("1\t{tricky}\t50\n21\tmoved\t10")
+    );
 
     // Truncate removes every row and moves the checkpoint, atomically.
     lane.truncate(&t, pos(105, 1))
@@ -142,12 +151,13 @@ async fn batches_land_with_their_checkpoint_and_replays_converge<S: SinkUnderTes
         .unwrap_or_else(|e| panic!("{}", e.message));
     assert_eq!(sink.query("SELECT COUNT(*) FROM orders"), "0");
     assert_eq!(lane.checkpoint(), Some(pos(105, 1)));
-    assert_eq!(sink.checkpoints(), S::checkpoint_row(PIPELINE, 0, 2, 105, 1));
+    assert_eq!(
+        sink.checkpoints(),
+        S::checkpoint_row(PIPELINE, 0, 2, 105, 1)
+    );
 }
 
-async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges<
-    S: SinkUnderTest,
->() {
+async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges<S: SinkUnderTest>() {
     let sink = S::start("CREATE TABLE audit (id INT PRIMARY KEY, what VARCHAR(20))");
     let connector = claimed(sink.connector()).await;
     let t = S::orders();
@@ -203,7 +213,10 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges<
         .unwrap_or_else(|e| panic!("{}", e.message));
     assert_eq!(sink.query("SELECT id, what FROM audit"), "1\tfirst");
     assert_eq!(sink.query("SELECT note FROM orders WHERE id = 1"), "locked");
-    assert_eq!(sink.checkpoints(), S::checkpoint_row(PIPELINE, 0, 1, 200, 2));
+    assert_eq!(
+        sink.checkpoints(),
+        S::checkpoint_row(PIPELINE, 0, 1, 200, 2)
+    );
 }
 
 async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable<S: SinkUnderTest>() {
@@ -245,9 +258,7 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable<S: SinkU
     assert_eq!(sink.query("SELECT id, name FROM tags"), "1\tok");
 }
 
-async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint<
-    S: SinkUnderTest,
->() {
+async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint<S: SinkUnderTest>() {
     let sink = S::start("");
     let connector = orders_connector(&sink).await;
     let t = S::orders();
@@ -500,7 +511,10 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer<S: SinkU
         fenced.message
     );
     assert_eq!(sink.query("SELECT id FROM orders ORDER BY id"), "1");
-    assert_eq!(sink.checkpoints(), S::checkpoint_row(PIPELINE, 0, 1, 100, 1));
+    assert_eq!(
+        sink.checkpoints(),
+        S::checkpoint_row(PIPELINE, 0, 1, 100, 1)
+    );
     let renewed = lease.renew().await.expect_err("the old claim is gone");
     assert_eq!(renewed.class, ErrorClass::Fatal, "{}", renewed.message);
 

@@ -2,7 +2,6 @@
 //! operator must fix in its tables, values with no MySQL form, and a conflict on a unique key
 //! other than the key.
 
-
 use crate::common;
 use common::changes::{claimed, open, pos, upsert};
 use common::sinks::mysql::{DB, options, order_row, orders, server, table};

@@ -4,7 +4,6 @@
 //! is named. The `COPY` path: `postgres_copy`; table checks and `create_tables`:
 //! `postgres_tables`.
 
-
 use crate::common;
 use common::changes::{apply, change, claimed, open, pos, upsert};
 use common::sinks::postgres::{DB, ORDERS_DDL, col, options, order_row, orders, server, table};

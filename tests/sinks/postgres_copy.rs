@@ -9,8 +9,8 @@ use crate::common;
 use std::sync::Arc;
 
 use common::Postgres;
-use common::changes::{change, claimed, open, pos};
 use common::changes::apply;
+use common::changes::{change, claimed, open, pos};
 use common::sinks::postgres::{DB, col, options, server, table};
 use zipline::change::{Change, Op, PG_EPOCH_MICROS, Position, Table, Value};
 use zipline::error::ErrorClass;

@@ -7,8 +7,8 @@ use crate::{common, e2e};
 
 use std::sync::Arc;
 
-use common::changes::{claimed, open, pos, upsert};
 use common::changes::apply;
+use common::changes::{claimed, open, pos, upsert};
 use common::sinks::postgres::{DB, SOURCE_MOOD_OID, col, options, server, table};
 use e2e::pg::scram_role;
 use zipline::change::{PG_EPOCH_MICROS, Table, Value};

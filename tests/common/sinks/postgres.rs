@@ -2,7 +2,6 @@
 //! `orders` table holding every kind of value the sink maps, and an `expected` table of the
 //! same shape where PostgreSQL parses the same values from SQL literals.
 
-
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +9,8 @@ use std::time::Duration;
 use zipline::change::{PG_EPOCH_MICROS, Table, Value};
 use zipline::sink::postgres::{PostgresConnector, PostgresSinkOptions};
 
-pub use super::{col, table};
 use super::{PIPELINE, SinkUnderTest};
+pub use super::{col, table};
 use crate::common::Postgres;
 
 /// The sink database (on the sink cluster).
@@ -187,7 +186,10 @@ impl SinkUnderTest for PostgresUnderTest {
             .collect();
         self.pg.psql(
             DB,
-            &format!("DELETE FROM expected; INSERT INTO expected VALUES {}", values.join(", ")),
+            &format!(
+                "DELETE FROM expected; INSERT INTO expected VALUES {}",
+                values.join(", ")
+            ),
         );
         self::rows(&self.pg, "expected")
     }
