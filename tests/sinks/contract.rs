@@ -55,7 +55,7 @@ async fn checked<S: SinkUnderTest>(
     connector
         .check_tables(tables)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
 }
 
 /// A claimed connector whose `orders` is checked.
@@ -85,7 +85,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge<S: SinkUnderTes
     );
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(lane.checkpoint(), Some(pos(101, 2)));
     // Every value exactly as the sink would store the same values written in SQL.
     let expected = sink.expected_orders_rows(&[(1, tricky, 5), (2, "two again", 8)]);
@@ -98,7 +98,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge<S: SinkUnderTes
     // The very same batch again (a retry after a lost COMMIT reply) converges.
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(sink.orders_rows(), expected);
 
     // A reopened lane resumes from the committed checkpoint.
@@ -148,7 +148,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge<S: SinkUnderTes
     // Truncate removes every row and moves the checkpoint, atomically.
     lane.truncate(&t, pos(105, 1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(sink.query("SELECT COUNT(*) FROM orders"), "0");
     assert_eq!(lane.checkpoint(), Some(pos(105, 1)));
     assert_eq!(
@@ -186,18 +186,18 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges<S:
         .kill_while_waiting(lane.apply(&batch))
         .await
         .expect_err("the killed connection must fail the batch");
-    assert_eq!(err.class, ErrorClass::Transient, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Transient, "{}", err.report());
     assert!(
-        err.message.starts_with(&format!(
+        err.report().starts_with(&format!(
             "sink {}: upserting 1 row into {}",
             S::CONNECTOR,
             S::quoted("orders")
         )),
         "{}",
-        err.message
+        err.report()
     );
     if let Some(code) = S::KILLED_CODE {
-        assert!(err.message.contains(code), "{}", err.message);
+        assert!(err.report().contains(code), "{}", err.report());
     }
     assert_eq!(lane.checkpoint(), None);
 
@@ -207,10 +207,10 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges<S:
 
     lane.reconnect()
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(sink.query("SELECT id, what FROM audit"), "1\tfirst");
     assert_eq!(sink.query("SELECT note FROM orders WHERE id = 1"), "locked");
     assert_eq!(
@@ -237,18 +237,18 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable<S: SinkU
         .apply(&Batch::new(0, changes))
         .await
         .expect_err("too long for VARCHAR(5)");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message.starts_with(&format!(
+        err.report().starts_with(&format!(
             "sink {}: upserting 40 rows into {}",
             S::CONNECTOR,
             S::quoted("tags")
         )) && S::TOO_LONG_EVIDENCE
             .iter()
-            .all(|evidence| err.message.contains(evidence))
-            && err.message.ends_with("(row key (id)=(27))"),
+            .all(|evidence| err.report().contains(evidence))
+            && err.report().contains("(row key (id)=(27))"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(sink.query("SELECT COUNT(*) FROM tags"), "0");
     assert_eq!(lane.checkpoint(), None);
@@ -270,7 +270,7 @@ async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint<S: S
                 vec![upsert(&t, at, S::order_row(lane as i32, "x", 1))],
             ))
             .await
-            .unwrap_or_else(|e| panic!("{}", e.message));
+            .unwrap_or_else(|e| panic!("{}", e.report()));
     }
     // Another pipeline's rows are left alone.
     sink.query(&format!(
@@ -335,7 +335,7 @@ async fn durable_frontier_needs_every_lane_and_advances_only_upwards<S: SinkUnde
     connector
         .advance_frontier(2, pos(450, 1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         sink.checkpoints(),
         [
@@ -348,13 +348,13 @@ async fn durable_frontier_needs_every_lane_and_advances_only_upwards<S: SinkUnde
     connector
         .advance_frontier(2, pos(300, 1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(frontier(2).await.unwrap(), Some(pos(450, 1)));
     // Rows of a third lane are created when the count grows.
     connector
         .advance_frontier(3, pos(600, 2))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         sink.query("SELECT lane, lsn, ordinal FROM _zipline_checkpoints ORDER BY lane"),
         "0\t600\t2\n1\t600\t2\n2\t600\t2"
@@ -383,17 +383,17 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay<S: SinkUnd
     let mut lane = open(&connector, 0, 1).await;
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     // A retry of the same batch (its COMMIT reply lost) records nothing twice.
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(lane.checkpoint(), Some(pos(101, 1)));
     assert_eq!(sink.query("SELECT id FROM orders ORDER BY id"), "1");
     let listed = connector
         .dead_letters()
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let summary: Vec<(String, String, Option<String>, String)> = listed
         .iter()
         .map(|r| {
@@ -437,7 +437,7 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay<S: SinkUnd
         .unwrap_or_else(|e| panic!("{e}"));
     lane.replay(&[Arc::new(change)], &[two.id])
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(sink.query("SELECT id FROM orders ORDER BY id"), "1\n2");
     assert_eq!(
         lane.checkpoint(),
@@ -447,7 +447,7 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay<S: SinkUnd
     // A truncate of the table supersedes the rest.
     lane.truncate(&t, pos(200, 1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert!(connector.dead_letters().await.unwrap().is_empty());
 }
 
@@ -461,13 +461,13 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer<S: SinkU
     let mut lease = first
         .claim(&Holder::this_process(), Duration::from_secs(30))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     checked::<S>(&first, std::slice::from_ref(&t)).await;
     let mut lane = open(&first, 0, 1).await;
     let batch = |id: i32, at| Batch::new(0, vec![upsert(&t, at, S::order_row(id, "x", 1))]);
     lane.apply(&batch(1, pos(100, 1)))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
 
     let other = Holder {
         pid: 4242,
@@ -480,7 +480,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer<S: SinkU
     assert_eq!(refused.class, ErrorClass::Fatal);
     let me = Holder::this_process();
     assert!(
-        refused.message.starts_with(&format!(
+        refused.report().starts_with(&format!(
             "sink {}: pipeline {PIPELINE} is already running: process {} on host {} \
              has held it since ",
             S::CONNECTOR,
@@ -488,14 +488,14 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer<S: SinkU
             me.host
         )),
         "{}",
-        refused.message
+        refused.report()
     );
 
     // A zero lease: the first holder counts as gone, its fence session is ended.
     let taken = second
         .claim(&other, Duration::ZERO)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(taken.epoch(), lease.epoch() + 1);
     let fenced = lane
         .apply(&batch(2, pos(200, 1)))
@@ -503,12 +503,12 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer<S: SinkU
         .expect_err("the old instance's batch is fenced");
     assert_eq!(fenced.class, ErrorClass::Fatal);
     assert!(
-        fenced.message.contains(&format!(
+        fenced.report().contains(&format!(
             "another instance of pipeline {PIPELINE} took over this sink (process 4242 on \
              host elsewhere since "
         )),
         "{}",
-        fenced.message
+        fenced.report()
     );
     assert_eq!(sink.query("SELECT id FROM orders ORDER BY id"), "1");
     assert_eq!(
@@ -516,11 +516,11 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer<S: SinkU
         S::checkpoint_row(PIPELINE, 0, 1, 100, 1)
     );
     let renewed = lease.renew().await.expect_err("the old claim is gone");
-    assert_eq!(renewed.class, ErrorClass::Fatal, "{}", renewed.message);
+    assert_eq!(renewed.class, ErrorClass::Fatal, "{}", renewed.report());
 
     let mut lane = open(&second, 0, 1).await;
     lane.apply(&batch(2, pos(200, 1)))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(sink.query("SELECT id FROM orders ORDER BY id"), "1\n2");
 }

@@ -20,7 +20,7 @@ async fn values_with_no_mysql_form_are_definite_or_null_and_leave_the_lane_usabl
     connector
         .check_tables(std::slice::from_ref(&tags))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 1).await;
     let row = |id, name: &str| vec![Value::Int4(id), Value::Text(name.into())];
     // A value that is not what its variant promises (a transform's doing): definite, before
@@ -37,9 +37,9 @@ async fn values_with_no_mysql_form_are_definite_or_null_and_leave_the_lane_usabl
     let err = lane.apply(&malformed).await.expect_err("malformed numeric");
     assert_eq!(err.class, ErrorClass::Definite);
     assert!(
-        err.message.contains("public.orders.price") && err.message.contains("not a decimal"),
+        err.report().contains("public.orders.price") && err.report().contains("not a decimal"),
         "{}",
-        err.message
+        err.report()
     );
 
     // A NaN has no MySQL value: a DOUBLE column gets NULL (docs/types.md).
@@ -54,7 +54,7 @@ async fn values_with_no_mysql_form_are_definite_or_null_and_leave_the_lane_usabl
     };
     lane.apply(&nan)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         db.sql(DB, "SELECT id, price IS NULL, note FROM orders"),
         "9\t1\tnan"
@@ -67,7 +67,7 @@ async fn values_with_no_mysql_form_are_definite_or_null_and_leave_the_lane_usabl
         ..Batch::default()
     })
     .await
-    .unwrap_or_else(|e| panic!("{}", e.message));
+    .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(db.sql(DB, "SELECT id, name FROM tags"), "1\tok");
 }
 
@@ -86,7 +86,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .expect_err("missing table");
     assert_eq!(err.class, ErrorClass::Fatal);
     assert_eq!(
-        err.message,
+        err.report(),
         "sink mysql-out: table `shop`.`missing` does not exist (source table public.missing); \
          create it with a primary key on (id)"
     );
@@ -100,10 +100,10 @@ async fn check_tables_reports_what_the_operator_must_fix() {
     let err = connector.check_tables(&[nokey]).await.expect_err("no key");
     assert_eq!(err.class, ErrorClass::Fatal);
     assert!(
-        err.message
+        err.report()
             .contains("no PRIMARY KEY or UNIQUE index on exactly (id)"),
         "{}",
-        err.message
+        err.report()
     );
 
     let narrow = table("narrow", &[("id", true), ("extra", false)]);
@@ -114,12 +114,12 @@ async fn check_tables_reports_what_the_operator_must_fix() {
     // A source column the table lacks is added (nullable), as when the source gains one
     // mid-stream; what Zipline cannot fix itself is reported.
     assert!(
-        !err.message.contains("`extra`")
+        !err.report().contains("`extra`")
             && err
                 .message
                 .contains("`narrow`.`tenant` is NOT NULL without a default"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(
         db.sql(DB, "SELECT IS_NULLABLE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'shop' AND TABLE_NAME = 'narrow' AND COLUMN_NAME = 'extra'"),
@@ -134,8 +134,8 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .expect_err("root has no password");
-    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.message);
-    assert!(err.message.contains("1045") && !err.message.contains("s3cret-pw"));
+    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.report());
+    assert!(err.report().contains("1045") && !err.report().contains("s3cret-pw"));
 
     let mut opts = options(&db);
     opts.database = "nope".into();
@@ -143,8 +143,8 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .unwrap_err();
-    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.message);
-    assert!(err.message.contains("1049"), "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.report());
+    assert!(err.report().contains("1049"), "{}", err.report());
 
     // Nothing listening: transient (the server may be starting).
     let mut opts = options(&db);
@@ -153,7 +153,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .unwrap_err();
-    assert_eq!(err.class, ErrorClass::Transient, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Transient, "{}", err.report());
 }
 
 /// A sink table with a unique key besides its key: a change whose row conflicts on it with
@@ -174,7 +174,7 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
     connector
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let row = |id: i32, email: &str, note: &str| {
         vec![
             Value::Int4(id),
@@ -191,7 +191,7 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
         ],
     ))
     .await
-    .unwrap_or_else(|e| panic!("{}", e.message));
+    .unwrap_or_else(|e| panic!("{}", e.report()));
 
     // Row 12 arrives with row 1's email: before the guard, ON DUPLICATE KEY UPDATE rewrote
     // row 1 with row 12's values and row 12 never arrived.
@@ -205,11 +205,11 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
     assert_eq!(err.class, ErrorClass::Definite);
     assert_eq!(err.kind, SinkErrorKind::UniqueConflict);
     assert!(
-        err.message.contains(
+        err.report().contains(
             "row (id)=(12) has unique key `uq_email` (email)=('a@x') of the sink's row (id)=(1)"
         ),
         "{}",
-        err.message
+        err.report()
     );
     // An existing row taking another's email: the server names the key, the guard the rows.
     let err = lane
@@ -219,8 +219,8 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
         ))
         .await
         .expect_err("a conflict on another unique key is an error");
-    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.message);
-    assert!(err.message.contains("(id)=(2)"), "{}", err.message);
+    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.report());
+    assert!(err.report().contains("(id)=(2)"), "{}", err.report());
     assert_eq!(
         db.sql(DB, "SELECT id, email, note FROM members ORDER BY id"),
         "1\ta@x\tfirst\n2\tb@x\tsecond"
@@ -238,17 +238,17 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
     connector
         .begin(std::slice::from_ref(&chunk))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let err = connector
         .load_rows(&chunk, &t, &[row(3, "c@x", "ok"), row(13, "b@x", "clash")])
         .await
         .expect_err("a snapshot row conflicting on another unique key is an error");
-    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.message);
+    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.report());
     assert!(
-        err.message
+        err.report()
             .contains("row (id)=(13) has unique key `uq_email` (email)=('b@x')"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(
         db.sql(DB, "SELECT id, email, note FROM members ORDER BY id"),

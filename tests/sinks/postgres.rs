@@ -28,7 +28,7 @@ async fn null_and_out_of_range_values_are_definite_and_name_their_key() {
     connector
         .check_tables(std::slice::from_ref(&tags))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 1).await;
     let row = |id, name: &str| vec![Value::Int4(id), Value::Text(name.into())];
     // A NULL into a NOT NULL column: PostgreSQL names the column.
@@ -42,13 +42,13 @@ async fn null_and_out_of_range_values_are_definite_and_name_their_key() {
         ..Batch::default()
     };
     let err = lane.apply(&null).await.expect_err("NULL name");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message.contains("23502")
-            && err.message.contains("(column \"name\")")
-            && err.message.ends_with("(row key (id)=(9))"),
+        err.report().contains("23502")
+            && err.report().contains("(column \"name\")")
+            && err.report().contains("(row key (id)=(9))"),
         "{}",
-        err.message
+        err.report()
     );
 
     // A value with no binary form (a timestamp beyond PostgreSQL's range) is refused before
@@ -70,14 +70,14 @@ async fn null_and_out_of_range_values_are_definite_and_name_their_key() {
         ..Batch::default()
     };
     let err = lane.apply(&out_of_range).await.expect_err("out of range");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message
+        err.report()
             .starts_with("sink pg-out: upserting 1 row into \"public\".\"stamps\"")
-            && err.message.contains("out of PostgreSQL's range")
-            && err.message.ends_with("(row key (id)=(61))"),
+            && err.report().contains("out of PostgreSQL's range")
+            && err.report().contains("(row key (id)=(61))"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(pg.psql(DB, "SELECT count(*) FROM tags"), "0");
 
@@ -104,7 +104,7 @@ async fn inserts_of_keys_the_sink_has_are_upserted_and_other_conflicts_are_defin
     connector
         .check_tables(std::slice::from_ref(&people))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 1).await;
     let insert = |at, id: i32, email: &str, name: &str| {
         let values = vec![
@@ -140,13 +140,13 @@ async fn inserts_of_keys_the_sink_has_are_upserted_and_other_conflicts_are_defin
         })
         .await
         .expect_err("email taken");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message.contains("23505")
-            && err.message.contains("people_email_key")
-            && err.message.ends_with("(row key (id)=(4))"),
+        err.report().contains("23505")
+            && err.report().contains("people_email_key")
+            && err.report().contains("(row key (id)=(4))"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(pg.psql(DB, "SELECT count(*) FROM people"), "3");
     assert_eq!(lane.checkpoint(), Some(pos(1, 2)));
@@ -160,7 +160,7 @@ async fn a_sink_table_created_again_empty_is_named_and_one_holding_rows_is_not()
     let sink = claimed(PostgresConnector::new(options(&pg))).await;
     sink.check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&sink, 0, 1).await;
     lane.apply(&Batch {
         lane: 0,
@@ -168,7 +168,7 @@ async fn a_sink_table_created_again_empty_is_named_and_one_holding_rows_is_not()
         ..Batch::default()
     })
     .await
-    .unwrap_or_else(|e| panic!("{}", e.message));
+    .unwrap_or_else(|e| panic!("{}", e.report()));
     let record = TableRecord {
         table: (*t).clone(),
         relation: 16400,
@@ -176,11 +176,11 @@ async fn a_sink_table_created_again_empty_is_named_and_one_holding_rows_is_not()
     };
     sink.record_table(&record)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let recreated = || async {
         sink.recreated_tables()
             .await
-            .unwrap_or_else(|e| panic!("{}", e.message))
+            .unwrap_or_else(|e| panic!("{}", e.report()))
     };
     assert!(recreated().await.is_empty(), "the table is as recorded");
 
