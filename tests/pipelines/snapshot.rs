@@ -18,8 +18,7 @@
 //!   drops a table, for copied rows as for streamed changes.
 //! - `snapshot_never_copies_nothing`: with `snapshot: never`, existing rows stay behind.
 
-mod common;
-mod e2e;
+use crate::e2e;
 
 use std::time::{Duration, Instant};
 
