@@ -6,8 +6,7 @@
 //! Also the positive counterpart of the password tests: a SCRAM-authenticated role streams
 //! an insert, which exercises Zipline's own SCRAM exchange on the replication connection.
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::time::Duration;
 

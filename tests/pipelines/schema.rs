@@ -17,8 +17,7 @@
 //! - `mysql_refused_alter_names_the_statement_to_run`: a sink user without ALTER stops the
 //!   pipeline at the new column with the statement to run; after it, a restart delivers.
 
-mod common;
-mod e2e;
+use crate::e2e;
 
 use std::time::{Duration, Instant};
 

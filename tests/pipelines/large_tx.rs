@@ -2,8 +2,7 @@
 //! streams them while they run; Zipline spills them to disk and applies them only at commit,
 //! drops aborted ones and rolled-back savepoints, and keeps other transactions flowing.
 
-mod common;
-mod e2e;
+use crate::e2e;
 
 use std::time::Duration;
 

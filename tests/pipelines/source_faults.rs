@@ -6,8 +6,7 @@
 //! - A silent partition (the proxy stops forwarding): only Zipline's receive watchdog notices.
 //! - The source server crashes (SIGKILL) and restarts.
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::time::{Duration, Instant};
 

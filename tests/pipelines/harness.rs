@@ -2,7 +2,7 @@
 //! with the settings Zipline needs, survive crashes like real servers, clean up after
 //! themselves, and the proxy injects the faults it promises.
 
-mod common;
+use crate::common;
 
 use common::{MariaDb, Postgres, Proxy};
 use std::time::Duration;

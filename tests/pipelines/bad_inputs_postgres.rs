@@ -5,8 +5,7 @@
 //! publication). Also the positive cases next to them: `create_tables` creating the sink table
 //! and a SCRAM password from `secret_refs`.
 
-mod common;
-mod e2e;
+use crate::e2e;
 
 use std::time::Duration;
 

@@ -4,14 +4,15 @@
 //! batch falls back to upserts and converges, a value the column refuses is definite and
 //! names its row, and a table `COPY` must not write (rules) still gets its rows by `INSERT`.
 
-mod common;
-mod e2e;
+use crate::common;
 
 use std::sync::Arc;
 
 use common::Postgres;
+use common::changes::apply;
 use common::changes::{change, claimed, open, pos};
-use e2e::pg::fixtures::{DB, PIPELINE, apply, col, options, server, table};
+use common::sinks::PIPELINE;
+use common::sinks::postgres::{DB, col, options, server, table};
 use zipline::change::{Change, Op, PG_EPOCH_MICROS, Position, Table, Value};
 use zipline::error::ErrorClass;
 use zipline::sink::postgres::PostgresConnector;

@@ -13,9 +13,8 @@
 //! - `composite_columns_are_refused_at_startup`: a table with a composite-typed column stops
 //!   the pipeline before a slot or publication exists, naming table.column and the type.
 
-mod common;
-mod e2e;
-#[path = "e2e/zoo.rs"]
+use crate::e2e;
+#[path = "../e2e/zoo.rs"]
 mod zoo;
 
 use std::time::{Duration, Instant};

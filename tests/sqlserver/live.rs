@@ -15,8 +15,7 @@
 //! installed on the CI machines of this project, so there these tests print why they were
 //! skipped and return: they pass without running. See README.md, "SQL Server".
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -14,9 +14,9 @@
 //! arrive as `varbinary(max)` instead of `binary(10)` (tiberius decodes both as bytes) and
 //! only int and nvarchar(max) table columns are exercised here. The change model's type
 //! mapping of the other types is unit-tested in `src/source/sqlserver/types.rs`; the real
-//! server behaviour is covered by `tests/sqlserver_live.rs` when `ZIPLINE_MSSQL_URL` is set.
+//! server behaviour is covered by `tests/sqlserver/live.rs` when `ZIPLINE_MSSQL_URL` is set.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -18,8 +18,7 @@
 //!
 //! The components are built by `tests/guests/build.sh` into `target/guests/`.
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -3,13 +3,14 @@
 //! credentials, database, schema), `create_tables` creates tables with the source's exact
 //! types, and a source column the sink lacks is added to it before the first row carrying it.
 
-mod common;
-mod e2e;
+use crate::{common, e2e};
 
 use std::sync::Arc;
 
+use common::changes::apply;
 use common::changes::{claimed, open, pos, upsert};
-use e2e::pg::fixtures::{DB, PIPELINE, SOURCE_MOOD_OID, apply, col, options, server, table};
+use common::sinks::PIPELINE;
+use common::sinks::postgres::{DB, SOURCE_MOOD_OID, col, options, server, table};
 use e2e::pg::scram_role;
 use zipline::change::{PG_EPOCH_MICROS, Table, Value};
 use zipline::error::ErrorClass;
