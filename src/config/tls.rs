@@ -5,12 +5,19 @@
 
 use std::path::PathBuf;
 
-use serde_yaml::Value;
+use super::ConfigError;
 
-use super::fields::{Ctx, Fields, Result, non_empty};
+/// The four raw values as written (`mode`, CA, client certificate, client key), and a way to
+/// report an error located at one of the keys.
+pub(crate) struct Raw<'a> {
+    pub mode: Option<&'a str>,
+    pub roots: Option<&'a str>,
+    pub cert: Option<&'a str>,
+    pub key: Option<&'a str>,
+    pub err: &'a dyn Fn(&str, String) -> ConfigError,
+}
 
-/// Keys of the PostgreSQL vocabulary.
-pub(crate) const PG_FIELDS: &[&str] = &["sslmode", "sslrootcert", "sslcert", "sslkey"];
+type Result<T> = std::result::Result<T, ConfigError>;
 
 /// How much TLS a connection insists on, and what it checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -80,9 +87,9 @@ pub struct Tls {
 /// Reads `sslmode`, `sslrootcert`, `sslcert`, `sslkey` with libpq's meanings: `sslrootcert:
 /// system` implies `verify-full` and refuses weaker modes (PostgreSQL 16); `require` with a
 /// CA file verifies the chain as `verify-ca` does (libpq does the same).
-pub(crate) fn postgres(f: &Fields<'_>) -> Result<Tls> {
-    let mode = f.optional("sslmode", &pg_mode)?;
-    let roots = f.optional("sslrootcert", &non_empty)?.map(|s| {
+pub(crate) fn postgres(raw: &Raw<'_>) -> Result<Tls> {
+    let mode = raw.mode.map(|m| pg_mode(m, raw.err)).transpose()?;
+    let roots = raw.roots.map(|s| {
         if s == "system" {
             RootCerts::System
         } else {
@@ -92,8 +99,8 @@ pub(crate) fn postgres(f: &Fields<'_>) -> Result<Tls> {
     let mode = match (mode, &roots) {
         (None, Some(RootCerts::System)) => SslMode::VerifyFull,
         (Some(m), Some(RootCerts::System)) if m != SslMode::VerifyFull => {
-            return Err(f.ctx().err(
-                &f.field_path("sslmode"),
+            return Err((raw.err)(
+                "sslmode",
                 format!(
                     "sslmode `{}` cannot be used with `sslrootcert: system`: the platform's \
                      roots only make sense when the host name is checked too; use \
@@ -105,28 +112,26 @@ pub(crate) fn postgres(f: &Fields<'_>) -> Result<Tls> {
         (Some(SslMode::Require), Some(RootCerts::File(_))) => SslMode::VerifyCa,
         (m, _) => m.unwrap_or_default(),
     };
-    let client = client_cert(f, "sslcert", "sslkey")?;
-    finish(f, mode, roots, client, "sslmode", "sslrootcert")
+    let client = client_cert(raw, "sslcert", "sslkey")?;
+    finish(raw, mode, roots, client, "sslmode", "sslrootcert")
 }
 
 /// Reads `ssl_mode`, `ssl_ca`, `ssl_cert`, `ssl_key` with MySQL's meanings: `ssl_ca` without
 /// `ssl_mode` means `VERIFY_CA` (as the `mysql` client does).
-pub(crate) fn mysql(f: &Fields<'_>) -> Result<Tls> {
-    let mode = f.optional("ssl_mode", &mysql_mode)?;
-    let roots = f
-        .optional("ssl_ca", &non_empty)?
-        .map(|s| RootCerts::File(PathBuf::from(s)));
+pub(crate) fn mysql(raw: &Raw<'_>) -> Result<Tls> {
+    let mode = raw.mode.map(|m| mysql_mode(m, raw.err)).transpose()?;
+    let roots = raw.roots.map(|s| RootCerts::File(PathBuf::from(s)));
     let mode = match (mode, &roots) {
         (Some(m), _) => m,
         (None, Some(_)) => SslMode::VerifyCa,
         (None, None) => SslMode::Prefer,
     };
-    let client = client_cert(f, "ssl_cert", "ssl_key")?;
-    finish(f, mode, roots, client, "ssl_mode", "ssl_ca")
+    let client = client_cert(raw, "ssl_cert", "ssl_key")?;
+    finish(raw, mode, roots, client, "ssl_mode", "ssl_ca")
 }
 
 fn finish(
-    f: &Fields<'_>,
+    raw: &Raw<'_>,
     mode: SslMode,
     roots: Option<RootCerts>,
     client: Option<ClientCert>,
@@ -134,8 +139,8 @@ fn finish(
     roots_key: &str,
 ) -> Result<Tls> {
     if mode.verifies() && roots.is_none() {
-        return Err(f.ctx().err(
-            &f.field_path(mode_key),
+        return Err((raw.err)(
+            mode_key,
             format!(
                 "this mode checks the server's certificate and needs `{roots_key}` (a PEM file \
                  of trusted CA certificates{})",
@@ -148,10 +153,11 @@ fn finish(
         ));
     }
     if mode == SslMode::Disable && (roots.is_some() || client.is_some()) {
-        return Err(f.ctx().err(
-            &f.field_path(mode_key),
+        return Err((raw.err)(
+            mode_key,
             "TLS is disabled, so certificate files would be ignored; remove them or choose \
-             another mode",
+             another mode"
+                .into(),
         ));
     }
     Ok(Tls {
@@ -161,40 +167,39 @@ fn finish(
     })
 }
 
-fn client_cert(f: &Fields<'_>, cert_key: &str, key_key: &str) -> Result<Option<ClientCert>> {
-    let cert = f.optional(cert_key, &non_empty)?;
-    let key = f.optional(key_key, &non_empty)?;
-    match (cert, key) {
+fn client_cert(raw: &Raw<'_>, cert_key: &str, key_key: &str) -> Result<Option<ClientCert>> {
+    match (raw.cert, raw.key) {
         (Some(cert), Some(key)) => Ok(Some(ClientCert {
             cert: cert.into(),
             key: key.into(),
         })),
         (None, None) => Ok(None),
-        (Some(_), None) => Err(f.ctx().err(
-            &f.field_path(cert_key),
+        (Some(_), None) => Err((raw.err)(
+            cert_key,
             format!("a client certificate needs its private key in `{key_key}` too"),
         )),
-        (None, Some(_)) => Err(f.ctx().err(
-            &f.field_path(key_key),
+        (None, Some(_)) => Err((raw.err)(
+            key_key,
             format!("a private key needs its client certificate in `{cert_key}` too"),
         )),
     }
 }
 
-fn pg_mode(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<SslMode> {
-    match non_empty(ctx, path, value)?.as_str() {
+fn pg_mode(text: &str, err: &dyn Fn(&str, String) -> ConfigError) -> Result<SslMode> {
+    match text {
         "disable" => Ok(SslMode::Disable),
         "prefer" => Ok(SslMode::Prefer),
         "require" => Ok(SslMode::Require),
         "verify-ca" => Ok(SslMode::VerifyCa),
         "verify-full" => Ok(SslMode::VerifyFull),
-        "allow" => Err(ctx.err(
-            path,
+        "allow" => Err(err(
+            "sslmode",
             "`allow` (plaintext first, TLS only if the server insists) is not supported; use \
-             `prefer`",
+             `prefer`"
+                .into(),
         )),
-        other => Err(ctx.err(
-            path,
+        other => Err(err(
+            "sslmode",
             format!(
                 "unknown sslmode `{other}`; expected disable, prefer, require, verify-ca or \
                  verify-full"
@@ -203,19 +208,18 @@ fn pg_mode(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<SslMode> {
     }
 }
 
-fn mysql_mode(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<SslMode> {
-    match non_empty(ctx, path, value)?.to_ascii_uppercase().as_str() {
+fn mysql_mode(text: &str, err: &dyn Fn(&str, String) -> ConfigError) -> Result<SslMode> {
+    match text.to_ascii_uppercase().as_str() {
         "DISABLED" => Ok(SslMode::Disable),
         "PREFERRED" => Ok(SslMode::Prefer),
         "REQUIRED" => Ok(SslMode::Require),
         "VERIFY_CA" => Ok(SslMode::VerifyCa),
         "VERIFY_IDENTITY" => Ok(SslMode::VerifyFull),
-        _ => Err(ctx.err(
-            path,
+        _ => Err(err(
+            "ssl_mode",
             format!(
-                "unknown ssl_mode `{}`; expected DISABLED, PREFERRED, REQUIRED, VERIFY_CA or \
-                 VERIFY_IDENTITY",
-                value.as_str().unwrap_or_default()
+                "unknown ssl_mode `{text}`; expected DISABLED, PREFERRED, REQUIRED, VERIFY_CA or \
+                 VERIFY_IDENTITY"
             ),
         )),
     }

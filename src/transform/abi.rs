@@ -18,7 +18,7 @@
 //!   (<https://github.com/WebAssembly/component-model/blob/main/design/mvp/CanonicalABI.md>,
 //!   "Alignment" and "Element Size"); compile-time assertions below tie each offset used here
 //!   to the size wasmtime computes for the generated type, and the round trip through real
-//!   guests (`tests/transform_guests.rs`: every case, every op, all five example languages)
+//!   guests (`tests/transforms/guests.rs`: every case, every op, all five example languages)
 //!   checks the rest.
 //! - Reading validates what wasmtime validates: a discriminant out of range is an error, not a
 //!   guess; booleans read any non-zero byte as true, as wasmtime does.
