@@ -53,7 +53,7 @@ runuser -u postgres -- "$PGBIN/pg_ctl" -D "$DIR/pg" -l "$DIR/pg.log" -w -o \
   "-p $PGPORT -k $DIR/pg -c listen_addresses=127.0.0.1 -c wal_level=logical -c max_replication_slots=10 -c max_wal_senders=10" start >/dev/null
 mariadb-install-db --no-defaults --user=root --auth-root-authentication-method=normal --skip-test-db --datadir="$DIR/my" >/dev/null
 mariadbd --no-defaults --user=root --datadir="$DIR/my" --socket="$DIR/my.sock" --port="$MYPORT" --bind-address=127.0.0.1 \
-  --pid-file="$DIR/my.pid" --log-error="$DIR/my.err" --skip-log-bin --innodb-flush-log-at-trx-commit=2 &
+  --pid-file="$DIR/my.pid" --log-error="$DIR/my.err" --skip-log-bin --innodb-flush-log-at-trx-commit=2 2>/dev/null &
 for _ in $(seq 100); do mariadb --protocol=TCP -h127.0.0.1 -P"$MYPORT" -uroot -e 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
 
 PSQL="$PGBIN/psql -X -q -h 127.0.0.1 -p $PGPORT -U postgres -d shop"
@@ -70,8 +70,9 @@ export POSTGRES_HOST=127.0.0.1 POSTGRES_PORT=$PGPORT POSTGRES_DATABASE=shop POST
 : > "$DIR/zipline.log"
 "$ZIPLINE" pipeline apply -f examples/demo.yaml 2> "$DIR/zipline.log" &
 ZPID=$!
-# Show the log lines that tell the story, without colours or timestamps.
-tail -n +1 -f "$DIR/zipline.log" 2>/dev/null | sed -u 's/\x1b\[[0-9;]*m//g' \
+# Show the log lines that tell the story, without colours or timestamps (tail ends with
+# Zipline).
+tail --pid="$ZPID" -n +1 -f "$DIR/zipline.log" 2>/dev/null | sed -u 's/\x1b\[[0-9;]*m//g' \
   | grep --line-buffered -E "created replication slot|created table|initial snapshot|table copied|snapshot (done|complete|finished)|streaming|progress|draining|drained|stopped|ERROR|WARN" \
   | sed -u -E 's/^[0-9T:.-]+Z +//; s/^/   zipline | /' &
 TAILPID=$!
