@@ -167,6 +167,52 @@ pub(crate) fn repeated_table(tables: &[(String, String)]) -> Option<(usize, Stri
     Some((i, format!("table `{s}.{t}` is listed twice")))
 }
 
+/// libpq's TLS vocabulary where SQL Server's driver can honour it: `verify-ca` cannot be (the
+/// driver checks the host name whenever it checks the chain), and the older `encrypt` /
+/// `trust_server_certificate` pair cannot be mixed with it.
+pub(crate) fn tls(
+    c: &SqlServerSource,
+    node: &super::tree::Node,
+    err: &dyn Fn(&str, String) -> super::ConfigError,
+) -> Result<Option<super::tls::Tls>, super::ConfigError> {
+    let given = [
+        ("sslmode", &c.sslmode),
+        ("sslrootcert", &c.sslrootcert),
+        ("sslcert", &c.sslcert),
+        ("sslkey", &c.sslkey),
+    ];
+    let Some((given, _)) = given.iter().find(|(_, v)| v.is_some()) else {
+        return Ok(None);
+    };
+    for legacy in ["encrypt", "trust_server_certificate"] {
+        if node.get(legacy).is_some() {
+            return Err(err(
+                legacy,
+                format!(
+                    "`{legacy}` cannot be combined with `{given}`; use sslmode (disable, \
+                     prefer, require, verify-full) instead"
+                ),
+            ));
+        }
+    }
+    let tls = super::tls::postgres(&super::tls::Raw {
+        mode: c.sslmode.as_deref(),
+        roots: c.sslrootcert.as_deref(),
+        cert: c.sslcert.as_deref(),
+        key: c.sslkey.as_deref(),
+        err,
+    })?;
+    if tls.mode == super::tls::SslMode::VerifyCa {
+        return Err(err(
+            "sslmode",
+            "SQL Server connections cannot check the certificate chain without the host name \
+             (the driver always checks both); use `verify-full`, or `require` to skip checks"
+                .into(),
+        ));
+    }
+    Ok(Some(tls))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::model::ConnectorKind;
@@ -316,50 +362,4 @@ connectors:
             "p.yaml:3: connectors[0].tables: required field is missing"
         );
     }
-}
-
-/// libpq's TLS vocabulary where SQL Server's driver can honour it: `verify-ca` cannot be (the
-/// driver checks the host name whenever it checks the chain), and the older `encrypt` /
-/// `trust_server_certificate` pair cannot be mixed with it.
-pub(crate) fn tls(
-    c: &SqlServerSource,
-    node: &super::tree::Node,
-    err: &dyn Fn(&str, String) -> super::ConfigError,
-) -> Result<Option<super::tls::Tls>, super::ConfigError> {
-    let given = [
-        ("sslmode", &c.sslmode),
-        ("sslrootcert", &c.sslrootcert),
-        ("sslcert", &c.sslcert),
-        ("sslkey", &c.sslkey),
-    ];
-    let Some((given, _)) = given.iter().find(|(_, v)| v.is_some()) else {
-        return Ok(None);
-    };
-    for legacy in ["encrypt", "trust_server_certificate"] {
-        if node.get(legacy).is_some() {
-            return Err(err(
-                legacy,
-                format!(
-                    "`{legacy}` cannot be combined with `{given}`; use sslmode (disable, \
-                     prefer, require, verify-full) instead"
-                ),
-            ));
-        }
-    }
-    let tls = super::tls::postgres(&super::tls::Raw {
-        mode: c.sslmode.as_deref(),
-        roots: c.sslrootcert.as_deref(),
-        cert: c.sslcert.as_deref(),
-        key: c.sslkey.as_deref(),
-        err,
-    })?;
-    if tls.mode == super::tls::SslMode::VerifyCa {
-        return Err(err(
-            "sslmode",
-            "SQL Server connections cannot check the certificate chain without the host name \
-             (the driver always checks both); use `verify-full`, or `require` to skip checks"
-                .into(),
-        ));
-    }
-    Ok(Some(tls))
 }
