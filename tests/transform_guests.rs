@@ -357,6 +357,11 @@ fn refusals_and_invalid_outputs_apply_the_policy() {
         ),
         ("bad-position", "is not the position of any input change"),
         (
+            "stale-key",
+            "invalid output: output change #0 (public.users): key column id is 1000001 in the \
+             values but 1 in the key",
+        ),
+        (
             "oversize",
             "invalid output: output exceeds the limit of 1048576 bytes (limits.output)",
         ),

@@ -35,7 +35,6 @@ mod dead_letter;
 mod engine;
 mod host;
 pub mod json;
-mod lift;
 mod output;
 mod policy;
 mod runner;

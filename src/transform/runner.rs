@@ -9,13 +9,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmtime::component::TypedFunc;
+use wasmtime::component::{TypedFunc, WasmStr};
 use wasmtime::{Store, Trap};
 
 use super::bindings::{Batch, InputBatch, Transform};
 use super::engine::{Module, TICK};
 use super::host::{HostState, LogTags};
-use super::lift::{Refusal, Returned, hostcall_fuel, with_output_limit};
+use super::abi::{Returned, hostcall_fuel, refusal};
 use super::output::{Checked, TableCache, check_output};
 use crate::config::TransformLimits;
 
@@ -28,9 +28,9 @@ pub(crate) struct Failure {
     pub(crate) broken: bool,
 }
 
-/// The `transform` export, typed with [`super::abi`]'s hand-lowered lists and
-/// [`super::lift`]'s output under the limit.
-type TransformFunc = TypedFunc<(Arc<Batch>,), (Result<Returned, Refusal>,)>;
+/// The `transform` export, its result lifted lazily ([`Returned`]) so that its size is
+/// checked against `limits.output` before anything is copied.
+type TransformFunc = TypedFunc<(Arc<Batch>,), (Result<Returned, WasmStr>,)>;
 
 pub(crate) struct Instance {
     store: Store<HostState>,
@@ -103,26 +103,33 @@ impl Instance {
             .set_epoch_deadline(deadline_ticks(self.limits.timeout));
         self.store.data_mut().take_last_error_log();
         let limit = self.limits.output;
-        let result = with_output_limit(limit, || {
-            self.transform
-                .call(&mut self.store, (Arc::clone(&input.wit),))
-                .map(|(r,)| r)
-        });
+        let store = &mut self.store;
+        let result = self
+            .transform
+            .call(&mut *store, (Arc::clone(&input.wit),))
+            .and_then(|(r,)| match r {
+                Ok(returned) => {
+                    let size = returned.measure(&mut *store, limit)?;
+                    if size.total > limit {
+                        return Ok(Err(size.refusal(limit)));
+                    }
+                    Ok(Ok(Ok(returned.copy(&mut *store)?)))
+                }
+                Err(message) => Ok(Ok(Err(refusal(&message, &mut *store, limit)?))),
+            });
         self.store.data_mut().end_call();
         let invalid = |m: String| Failure {
             reason: format!("invalid output: {m}"),
             broken: false,
         };
         match result {
-            Ok(Ok(Returned::Output(output))) => {
-                check_output(output, input, cache, limit).map_err(invalid)
-            }
-            Ok(Ok(Returned::TooLarge(size))) => Err(invalid(size.refusal(limit))),
-            Ok(Err(Refusal::Message(msg))) => Err(Failure {
+            Ok(Ok(Ok(output))) => check_output(output, input, cache, limit).map_err(invalid),
+            Ok(Err(too_large)) => Err(invalid(too_large)),
+            Ok(Ok(Err(Ok(msg)))) => Err(Failure {
                 reason: format!("the transform returned an error: {msg}"),
                 broken: false,
             }),
-            Ok(Err(Refusal::TooLarge(bytes))) => Err(invalid(format!(
+            Ok(Ok(Err(Err(bytes)))) => Err(invalid(format!(
                 "the transform returned an error message of {bytes} bytes, over the limit of \
                  {limit} bytes (limits.output)"
             ))),
