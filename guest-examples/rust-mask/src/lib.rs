@@ -10,7 +10,9 @@ struct Mask {
 
 /// `a***@example.com` for an address, `A***` otherwise; the empty string stays empty.
 pub fn mask_text(s: &str) -> String {
-    let Some(first) = s.chars().next() else { return String::new() };
+    let Some(first) = s.chars().next() else {
+        return String::new();
+    };
     format!("{first}***{}", s.rfind('@').map_or("", |at| &s[at..]))
 }
 
@@ -19,18 +21,18 @@ impl Transform for Mask {
         config.allow_only(&["columns", "column", "drop"])?;
         let columns = [config.list("columns"), config.list("column")].concat();
         let drop = config.list("drop");
-        log(Level::Info, &format!("masking [{}], dropping [{}]", columns.join(", "), drop.join(", ")));
+        let message = format!("masking {columns:?}, dropping {drop:?}");
+        log(Level::Info, &message);
         Ok(Mask { columns, drop })
     }
 
     fn change(&mut self, c: &mut Change<'_>) -> Result<(), String> {
-        let (schema, table) = (c.schema(), c.table());
-        if self.drop.iter().any(|d| d == table || d.split_once('.') == Some((schema, table))) {
+        if self.drop.iter().any(|t| c.is_table(t)) {
             c.drop();
             return Ok(());
         }
         for column in &self.columns {
-            if c.columns().any(|n| n == column) {
+            if c.has_column(column) {
                 c.map_str(column, mask_text)?;
             }
         }

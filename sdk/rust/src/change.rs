@@ -121,6 +121,20 @@ impl<'b> Change<'b> {
         &self.shape().name
     }
 
+    /// Whether the change's table is `name`: `schema.table`, or a bare table name for any
+    /// schema.
+    pub fn is_table(&self, name: &str) -> bool {
+        match name.split_once('.') {
+            Some((schema, table)) => self.schema() == schema && self.table() == table,
+            None => self.table() == name,
+        }
+    }
+
+    /// Whether the table has `column`.
+    pub fn has_column(&self, column: impl Column) -> bool {
+        column.index(self.shape()).is_some()
+    }
+
     /// The table's column names, in order.
     pub fn columns(&self) -> impl Iterator<Item = &str> {
         self.shape().columns.iter().map(|c| c.name.as_str())
@@ -216,7 +230,12 @@ impl<'b> Change<'b> {
     fn lower(&mut self, i: usize, v: Value<'_>) -> Result<wit::Value, String> {
         let current = self.slot(i).map(|s| self.out.values[s]);
         let oid = self.shape().columns[i].type_oid;
-        let narrow = |what: &str| format!("{what} does not fit column {}", self.shape().columns[i].name);
+        let narrow = |what: &str| {
+            format!(
+                "{what} does not fit column {}",
+                self.shape().columns[i].name
+            )
+        };
         Ok(match v {
             Value::Null => wit::Value::Null,
             Value::Bool(b) => wit::Value::Boolean(b),
@@ -257,16 +276,22 @@ impl<'b> Change<'b> {
 
     /// Sets `column` to `value`; a key column's key value follows. `Err` names a column the
     /// table does not have, or an integer too wide for it.
-    pub fn set<'v>(&mut self, column: impl Column, value: impl Into<Value<'v>>) -> Result<(), String> {
+    pub fn set<'v>(
+        &mut self,
+        column: impl Column,
+        value: impl Into<Value<'v>>,
+    ) -> Result<(), String> {
         let i = self.index_of(column)?;
         let w = self.lower(i, value.into())?;
-        if let Some(s) = (i < self.raw.values.len as usize).then(|| self.raw.values.start as usize + i) {
+        if let Some(s) =
+            (i < self.raw.values.len as usize).then(|| self.raw.values.start as usize + i)
+        {
             self.out.values[s] = w;
         }
-        if let Some(k) = self.key_position(i) {
-            if k < self.raw.key.len as usize {
-                self.out.values[self.raw.key.start as usize + k] = w;
-            }
+        if let Some(k) = self.key_position(i)
+            && k < self.raw.key.len as usize
+        {
+            self.out.values[self.raw.key.start as usize + k] = w;
         }
         Ok(())
     }
@@ -290,7 +315,11 @@ impl<'b> Change<'b> {
     /// the key and, for an update that changed its key, the old key. A deterministic `f` (a
     /// mask, a hash) keeps every row findable by its transformed key. NULL, unchanged and
     /// non-text values are left alone.
-    pub fn map_str(&mut self, column: impl Column, f: impl Fn(&str) -> String) -> Result<(), String> {
+    pub fn map_str(
+        &mut self,
+        column: impl Column,
+        f: impl Fn(&str) -> String,
+    ) -> Result<(), String> {
         let i = self.index_of(column)?;
         let mut slots = Vec::with_capacity(3);
         if i < self.raw.values.len as usize {
@@ -304,19 +333,20 @@ impl<'b> Change<'b> {
             }
         }
         for s in slots {
-            let (span, rebuild): (Span, fn(Span, wit::Value) -> wit::Value) = match self.out.values[s] {
-                wit::Value::Text(sp) => (sp, |n, _| wit::Value::Text(n)),
-                wit::Value::Json(sp) => (sp, |n, _| wit::Value::Json(n)),
-                wit::Value::Numeric(sp) => (sp, |n, _| wit::Value::Numeric(n)),
-                wit::Value::Other(o) => (o.text, |n, v| match v {
-                    wit::Value::Other(o) => wit::Value::Other(wit::OtherValue {
-                        type_oid: o.type_oid,
-                        text: n,
+            let (span, rebuild): (Span, fn(Span, wit::Value) -> wit::Value) =
+                match self.out.values[s] {
+                    wit::Value::Text(sp) => (sp, |n, _| wit::Value::Text(n)),
+                    wit::Value::Json(sp) => (sp, |n, _| wit::Value::Json(n)),
+                    wit::Value::Numeric(sp) => (sp, |n, _| wit::Value::Numeric(n)),
+                    wit::Value::Other(o) => (o.text, |n, v| match v {
+                        wit::Value::Other(o) => wit::Value::Other(wit::OtherValue {
+                            type_oid: o.type_oid,
+                            text: n,
+                        }),
+                        _ => v,
                     }),
-                    _ => v,
-                }),
-                _ => continue,
-            };
+                    _ => continue,
+                };
             let new = f(self.out.text(span));
             let span = self.out.append(new.as_bytes());
             self.out.values[s] = rebuild(span, self.out.values[s]);
@@ -325,6 +355,8 @@ impl<'b> Change<'b> {
     }
 
     /// Drops this change: nothing of it reaches the sinks (changes it emitted still do).
+    // The name every SDK uses; a `Change` is never dropped by `Drop`, so no confusion arises.
+    #[allow(clippy::should_implement_trait)]
     pub fn drop(&mut self) {
         self.dropped = true;
     }
@@ -415,7 +447,10 @@ impl<'b> Change<'b> {
         // Lower through a change of the new table, so widths and kinds follow its columns.
         let row_start = self.out.values.len() as u32;
         self.raw.table = index;
-        self.raw.values = Span { start: row_start, len: 0 };
+        self.raw.values = Span {
+            start: row_start,
+            len: 0,
+        };
         self.raw.key = Span { start: 0, len: 0 };
         let mut row = Vec::with_capacity(values.len());
         for (i, v) in values.iter().enumerate() {
@@ -434,7 +469,11 @@ impl<'b> Change<'b> {
         }
         let key_span = Span {
             start: self.out.values.len() as u32,
-            len: if op == Op::Truncate { 0 } else { key.len() as u32 },
+            len: if op == Op::Truncate {
+                0
+            } else {
+                key.len() as u32
+            },
         };
         if op != Op::Truncate {
             self.out.values.extend(key);

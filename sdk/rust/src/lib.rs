@@ -22,6 +22,7 @@ pub use value::Value;
 
 /// What `wit-bindgen` makes of `wit/transform.wit`; [`export!`] implements its `Guest`.
 #[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
 pub mod bindings {
     wit_bindgen::generate!({
         path: "wit",
@@ -122,7 +123,11 @@ impl Config {
     /// `Err` naming the first key that is not one of `known`: a typo in a pipeline's config
     /// should stop it at startup, not be ignored.
     pub fn allow_only(&self, known: &[&str]) -> Result<(), String> {
-        match self.pairs.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+        match self
+            .pairs
+            .iter()
+            .find(|(k, _)| !known.contains(&k.as_str()))
+        {
             Some((k, _)) => Err(format!(
                 "unknown config key `{k}`; expected {}",
                 known.join(", ")
@@ -134,7 +139,10 @@ impl Config {
 
 /// Runs `state` over `batch`. Called by the code [`export!`] generates.
 #[doc(hidden)]
-pub fn run<T: Transform>(state: &mut T, batch: bindings::Batch) -> Result<bindings::Output, String> {
+pub fn run<T: Transform>(
+    state: &mut T,
+    batch: bindings::Batch,
+) -> Result<bindings::Output, String> {
     let wit::Batch {
         tables,
         data,
@@ -198,7 +206,8 @@ macro_rules! export {
                 }
                 fn transform(
                     batch: $crate::bindings::Batch,
-                ) -> ::std::result::Result<$crate::bindings::Output, ::std::string::String> {
+                ) -> ::std::result::Result<$crate::bindings::Output, ::std::string::String>
+                {
                     STATE.with(|s| match s.borrow_mut().as_mut() {
                         ::std::option::Option::Some(t) => $crate::run(t, batch),
                         ::std::option::Option::None => {
@@ -207,7 +216,7 @@ macro_rules! export {
                     })
                 }
             }
-            $crate::bindings::export_world!(ZiplineTransformExport with_types_in $crate::bindings);
+    $crate::bindings::export_world!(ZiplineTransformExport with_types_in $crate::bindings);
         };
     };
 }

@@ -77,7 +77,12 @@ impl Guest for Component {
         std::panic::set_hook(Box::new(|info| {
             log(Level::Error, &format!("guest panicked: {info}"));
         }));
-        let get = |k: &str| config.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        let get = |k: &str| {
+            config
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+        };
         let key = match get("key") {
             Some(k) => Some(k.parse().map_err(|_| format!("key: not an integer: {k}"))?),
             None => None,
