@@ -17,8 +17,7 @@ use std::sync::Arc;
 
 use crate::change::{self, Change, Lsn, Op, Position};
 
-/// What `bindgen!` makes of `wit/`. The `transform` export's result is lifted through
-/// [`super::abi::Returned`] instead of the generated `call_transform` (see there why).
+/// What `bindgen!` makes of `wit/`; [`super::abi`] says how `limits.output` is kept.
 pub(super) mod generated {
     wasmtime::component::bindgen!({
         path: "wit",
