@@ -5,7 +5,6 @@
 //! `sink_outage_timeout`); every retry is logged once with what is retried, the attempt
 //! number, the delay and the cause.
 
-use std::fmt;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -52,7 +51,7 @@ impl Backoff {
 
     /// After a transient failure (`cause`): `false` when the budget is spent (give up with
     /// it); otherwise logs the retry and waits before it.
-    pub async fn wait(&mut self, cause: &(dyn fmt::Display + Sync)) -> bool {
+    pub async fn wait(&mut self, cause: &(dyn std::error::Error + Sync)) -> bool {
         let since = *self.since.get_or_insert_with(Instant::now);
         let spent = match self.budget {
             Budget::Retries(n) => self.attempt >= n,
@@ -63,7 +62,7 @@ impl Backoff {
         }
         self.attempt += 1;
         let delay = delay(self.attempt);
-        tracing::warn!(attempt = self.attempt, delay_ms = delay.as_millis() as u64, failing_for_s = since.elapsed().as_secs(), error = %cause, "{}", self.what);
+        tracing::warn!(attempt = self.attempt, delay_ms = delay.as_millis() as u64, failing_for_s = since.elapsed().as_secs(), error = %crate::error::Report(cause), "{}", self.what);
         tokio::time::sleep(delay).await;
         true
     }
@@ -96,19 +95,23 @@ mod tests {
         assert!(delay(30) <= Duration::from_millis(6_250));
     }
 
+    fn err() -> Box<dyn std::error::Error + Send + Sync> {
+        "e".into()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn budgets_count_retries_or_time() {
         let mut retries = Backoff::new("x", Budget::Retries(2));
-        assert!(retries.wait(&"e").await);
-        assert!(retries.wait(&"e").await);
-        assert!(!retries.wait(&"e").await, "two retries, then give up");
+        assert!(retries.wait(&*err()).await);
+        assert!(retries.wait(&*err()).await);
+        assert!(!retries.wait(&*err()).await, "two retries, then give up");
         assert_eq!(retries.attempts(), 2);
         retries.reset();
-        assert!(retries.wait(&"e").await, "a reset starts a fresh count");
+        assert!(retries.wait(&*err()).await, "a reset starts a fresh count");
 
         let mut timed = Backoff::new("y", Budget::For(Duration::from_secs(1)));
         let mut n = 0;
-        while timed.wait(&"e").await {
+        while timed.wait(&*err()).await {
             n += 1;
         }
         assert!(

@@ -110,7 +110,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge() {
     connector
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 2).await;
     assert_eq!(lane.checkpoint(), None);
 
@@ -128,7 +128,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge() {
     };
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(lane.checkpoint(), Some(pos(101, 2)));
 
     let rows_sql = "SELECT id, HEX(note), qty, price, weight, placed, paid_at, due, ref, \
@@ -149,7 +149,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge() {
     // The very same batch again (a retry after a lost COMMIT reply) converges.
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(rows(), expected);
 
     // A reopened lane resumes from the committed checkpoint.
@@ -166,7 +166,7 @@ async fn batches_land_with_their_checkpoint_and_replays_converge() {
         ..Batch::default()
     })
     .await
-    .unwrap_or_else(|e| panic!("{}", e.message));
+    .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         db.sql(DB, "SELECT id, HEX(note), qty FROM orders WHERE id = 1"),
         format!("1\t{}\t50", hex(tricky))
@@ -187,14 +187,14 @@ async fn batches_land_with_their_checkpoint_and_replays_converge() {
         ..Batch::default()
     })
     .await
-    .unwrap_or_else(|e| panic!("{}", e.message));
+    .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(db.sql(DB, "SELECT id FROM orders ORDER BY id"), "1\n20");
     assert_eq!(db.sql(DB, "SELECT note FROM orders WHERE id = 20"), "moved");
 
     // Truncate removes every row and moves the checkpoint, atomically.
     lane.truncate(&t, pos(104, 1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(db.sql(DB, "SELECT COUNT(*) FROM orders"), "0");
     assert_eq!(lane.checkpoint(), Some(pos(104, 1)));
     assert_eq!(checkpoints(&db), "orders-pipe\tmysql-out\t0\t2\t104\t1");
@@ -213,7 +213,7 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
     connector
         .check_tables(&[Arc::clone(&t), Arc::clone(&audit)])
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     db.sql(DB, "INSERT INTO orders (id, qty) VALUES (1, 0)");
     let mut lane = open(&connector, 0, 1).await;
 
@@ -259,12 +259,12 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
     };
     let (result, ()) = tokio::join!(lane.apply(&batch), killer);
     let err = result.expect_err("the killed connection must fail the batch");
-    assert_eq!(err.class, ErrorClass::Transient, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Transient, "{}", err.report());
     assert!(
-        err.message
+        err.report()
             .starts_with("sink mysql-out: upserting 1 row into `shop`.`orders`"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(lane.checkpoint(), None);
     locker.query_drop("ROLLBACK").await.unwrap();
@@ -275,10 +275,10 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
 
     lane.reconnect()
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(db.sql(DB, "SELECT id, what FROM audit"), "1\tfirst");
     assert_eq!(db.sql(DB, "SELECT note FROM orders WHERE id = 1"), "locked");
     assert_eq!(checkpoints(&db), "orders-pipe\tmysql-out\t0\t1\t200\t2");
@@ -292,7 +292,7 @@ async fn bad_rows_are_definite_and_leave_the_lane_usable() {
     connector
         .check_tables(std::slice::from_ref(&tags))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 1).await;
     let row = |id, name: &str| vec![Value::Int4(id), Value::Text(name.into())];
     let bad = Batch {
@@ -304,15 +304,15 @@ async fn bad_rows_are_definite_and_leave_the_lane_usable() {
         ..Batch::default()
     };
     let err = lane.apply(&bad).await.expect_err("too long for VARCHAR(5)");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message
+        err.report()
             .starts_with("sink mysql-out: upserting 2 rows into `shop`.`tags`")
-            && err.message.contains("1406")
-            && err.message.contains("'name'")
-            && err.message.ends_with("(row key (id)=(2))"),
+            && err.report().contains("1406")
+            && err.report().contains("'name'")
+            && err.report().contains("(row key (id)=(2))"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(db.sql(DB, "SELECT COUNT(*) FROM tags"), "0");
 
@@ -330,9 +330,9 @@ async fn bad_rows_are_definite_and_leave_the_lane_usable() {
     let err = lane.apply(&malformed).await.expect_err("malformed numeric");
     assert_eq!(err.class, ErrorClass::Definite);
     assert!(
-        err.message.contains("public.orders.price") && err.message.contains("not a decimal"),
+        err.report().contains("public.orders.price") && err.report().contains("not a decimal"),
         "{}",
-        err.message
+        err.report()
     );
 
     // A NaN has no MySQL value: a DOUBLE column gets NULL (docs/types.md).
@@ -347,7 +347,7 @@ async fn bad_rows_are_definite_and_leave_the_lane_usable() {
     };
     lane.apply(&nan)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         db.sql(DB, "SELECT id, price IS NULL, note FROM orders"),
         "9\t1\tnan"
@@ -360,7 +360,7 @@ async fn bad_rows_are_definite_and_leave_the_lane_usable() {
         ..Batch::default()
     })
     .await
-    .unwrap_or_else(|e| panic!("{}", e.message));
+    .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(db.sql(DB, "SELECT id, name FROM tags"), "1\tok");
 }
 
@@ -379,7 +379,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .expect_err("missing table");
     assert_eq!(err.class, ErrorClass::Fatal);
     assert_eq!(
-        err.message,
+        err.report(),
         "sink mysql-out: table `shop`.`missing` does not exist (source table public.missing); \
          create it with a primary key on (id)"
     );
@@ -393,10 +393,10 @@ async fn check_tables_reports_what_the_operator_must_fix() {
     let err = connector.check_tables(&[nokey]).await.expect_err("no key");
     assert_eq!(err.class, ErrorClass::Fatal);
     assert!(
-        err.message
+        err.report()
             .contains("no PRIMARY KEY or UNIQUE index on exactly (id)"),
         "{}",
-        err.message
+        err.report()
     );
 
     let narrow = table("narrow", &[("id", true), ("extra", false)]);
@@ -407,12 +407,12 @@ async fn check_tables_reports_what_the_operator_must_fix() {
     // A source column the table lacks is added (nullable), as when the source gains one
     // mid-stream; what Zipline cannot fix itself is reported.
     assert!(
-        !err.message.contains("`extra`")
+        !err.report().contains("`extra`")
             && err
                 .message
                 .contains("`narrow`.`tenant` is NOT NULL without a default"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(
         db.sql(DB, "SELECT IS_NULLABLE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = 'shop' AND TABLE_NAME = 'narrow' AND COLUMN_NAME = 'extra'"),
@@ -427,8 +427,8 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .expect_err("root has no password");
-    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.message);
-    assert!(err.message.contains("1045") && !err.message.contains("s3cret-pw"));
+    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.report());
+    assert!(err.report().contains("1045") && !err.report().contains("s3cret-pw"));
 
     let mut opts = options(&db);
     opts.database = "nope".into();
@@ -436,8 +436,8 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .unwrap_err();
-    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.message);
-    assert!(err.message.contains("1049"), "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.report());
+    assert!(err.report().contains("1049"), "{}", err.report());
 
     // Nothing listening: transient (the server may be starting).
     let mut opts = options(&db);
@@ -446,7 +446,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .unwrap_err();
-    assert_eq!(err.class, ErrorClass::Transient, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Transient, "{}", err.report());
 }
 
 #[tokio::test]
@@ -457,7 +457,7 @@ async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
     connector
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     for (lane, at) in [(0, pos(500, 1)), (1, pos(400, 7))] {
         let mut sink = open(&connector, lane, 2).await;
         sink.apply(&Batch {
@@ -466,7 +466,7 @@ async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
             ..Batch::default()
         })
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     }
     // Another pipeline's rows are left alone.
     db.sql(
@@ -515,11 +515,11 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let mut lease = first
         .claim(&Holder::this_process(), Duration::from_secs(30))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     first
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&first, 0, 1).await;
     let batch = |id: i32, at| Batch {
         lane: 0,
@@ -528,7 +528,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     };
     lane.apply(&batch(1, pos(100, 1)))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
 
     let other = Holder {
         pid: 4242,
@@ -554,7 +554,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let taken = second
         .claim(&other, Duration::ZERO)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(taken.epoch(), lease.epoch() + 1);
     let fenced = lane
         .apply(&batch(2, pos(200, 1)))
@@ -577,7 +577,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let mut lane = open(&second, 0, 1).await;
     lane.apply(&batch(2, pos(200, 1)))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         db.sql(DB, "SELECT GROUP_CONCAT(id ORDER BY id) FROM orders"),
         "1,2"
@@ -602,7 +602,7 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
     connector
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let row = |id: i32, email: &str, note: &str| {
         vec![
             Value::Int4(id),
@@ -619,7 +619,7 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
         ],
     ))
     .await
-    .unwrap_or_else(|e| panic!("{}", e.message));
+    .unwrap_or_else(|e| panic!("{}", e.report()));
 
     // Row 12 arrives with row 1's email: before the guard, ON DUPLICATE KEY UPDATE rewrote
     // row 1 with row 12's values and row 12 never arrived.
@@ -633,11 +633,11 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
     assert_eq!(err.class, ErrorClass::Definite);
     assert_eq!(err.kind, SinkErrorKind::UniqueConflict);
     assert!(
-        err.message.contains(
+        err.report().contains(
             "row (id)=(12) has unique key `uq_email` (email)=('a@x') of the sink's row (id)=(1)"
         ),
         "{}",
-        err.message
+        err.report()
     );
     // An existing row taking another's email: the server names the key, the guard the rows.
     let err = lane
@@ -647,8 +647,8 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
         ))
         .await
         .expect_err("a conflict on another unique key is an error");
-    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.message);
-    assert!(err.message.contains("(id)=(2)"), "{}", err.message);
+    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.report());
+    assert!(err.report().contains("(id)=(2)"), "{}", err.report());
     assert_eq!(
         db.sql(DB, "SELECT id, email, note FROM members ORDER BY id"),
         "1\ta@x\tfirst\n2\tb@x\tsecond"
@@ -666,17 +666,17 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
     connector
         .begin(std::slice::from_ref(&chunk))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let err = connector
         .load_rows(&chunk, &t, &[row(3, "c@x", "ok"), row(13, "b@x", "clash")])
         .await
         .expect_err("a snapshot row conflicting on another unique key is an error");
-    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.message);
+    assert_eq!(err.kind, SinkErrorKind::UniqueConflict, "{}", err.report());
     assert!(
-        err.message
+        err.report()
             .contains("row (id)=(13) has unique key `uq_email` (email)=('b@x')"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(
         db.sql(DB, "SELECT id, email, note FROM members ORDER BY id"),

@@ -30,7 +30,7 @@ async fn batches_land_exactly_with_their_checkpoint_and_replays_converge() {
     connector
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 2).await;
     assert_eq!(lane.checkpoint(), None);
 
@@ -48,7 +48,7 @@ async fn batches_land_exactly_with_their_checkpoint_and_replays_converge() {
     };
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(lane.checkpoint(), Some(pos(101, 2)));
     pg.psql(
         DB,
@@ -65,7 +65,7 @@ async fn batches_land_exactly_with_their_checkpoint_and_replays_converge() {
     // The very same batch again (a retry after a lost COMMIT reply) converges.
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(rows(&pg, "orders"), expected);
 
     // A reopened lane resumes from the committed checkpoint.
@@ -115,7 +115,7 @@ async fn batches_land_exactly_with_their_checkpoint_and_replays_converge() {
     // Truncate removes every row and moves the checkpoint, atomically.
     lane.truncate(&t, pos(105, 1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(pg.psql(DB, "SELECT count(*) FROM orders"), "0");
     assert_eq!(lane.checkpoint(), Some(pos(105, 1)));
     assert_eq!(checkpoints(&pg), "orders-pipe|pg-out|0|2|105|1|0");
@@ -136,7 +136,7 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
     connector
         .check_tables(&[Arc::clone(&t), Arc::clone(&audit)])
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 1).await;
 
     // Another session locks row 1, so the batch stops at its upsert of orders.
@@ -182,14 +182,14 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
     };
     let (result, ()) = tokio::join!(lane.apply(&batch), killer);
     let err = result.expect_err("the killed connection must fail the batch");
-    assert_eq!(err.class, ErrorClass::Transient, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Transient, "{}", err.report());
     assert!(
-        err.message
+        err.report()
             .starts_with("sink pg-out: upserting 1 row into \"public\".\"orders\""),
         "{}",
-        err.message
+        err.report()
     );
-    assert!(err.message.contains("57P01"), "{}", err.message);
+    assert!(err.report().contains("57P01"), "{}", err.report());
     assert_eq!(lane.checkpoint(), None);
     locker.batch_execute("ROLLBACK").await.unwrap();
 
@@ -202,10 +202,10 @@ async fn a_connection_killed_mid_batch_leaves_nothing_and_the_retry_converges() 
 
     lane.reconnect()
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(pg.psql(DB, "SELECT id, what FROM audit"), "1|first");
     assert_eq!(
         pg.psql(DB, "SELECT note FROM orders WHERE id = 1"),
@@ -227,7 +227,7 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
     connector
         .check_tables(std::slice::from_ref(&tags))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 1).await;
     let row = |id, name: &str| vec![Value::Int4(id), Value::Text(name.into())];
     let mut changes: Vec<Arc<Change>> = (1..=40)
@@ -240,14 +240,14 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
         ..Batch::default()
     };
     let err = lane.apply(&bad).await.expect_err("too long for varchar(5)");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message
+        err.report()
             .starts_with("sink pg-out: upserting 40 rows into \"public\".\"tags\"")
-            && err.message.contains("22001")
-            && err.message.ends_with("(row key (id)=(27))"),
+            && err.report().contains("22001")
+            && err.report().contains("(row key (id)=(27))"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(pg.psql(DB, "SELECT count(*) FROM tags"), "0");
 
@@ -262,13 +262,13 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
         ..Batch::default()
     };
     let err = lane.apply(&null).await.expect_err("NULL name");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message.contains("23502")
-            && err.message.contains("(column \"name\")")
-            && err.message.ends_with("(row key (id)=(9))"),
+        err.report().contains("23502")
+            && err.report().contains("(column \"name\")")
+            && err.report().contains("(row key (id)=(9))"),
         "{}",
-        err.message
+        err.report()
     );
 
     // A value with no binary form (a timestamp beyond PostgreSQL's range) is refused before
@@ -290,14 +290,14 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable() {
         ..Batch::default()
     };
     let err = lane.apply(&out_of_range).await.expect_err("out of range");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message
+        err.report()
             .starts_with("sink pg-out: upserting 1 row into \"public\".\"stamps\"")
-            && err.message.contains("out of PostgreSQL's range")
-            && err.message.ends_with("(row key (id)=(61))"),
+            && err.report().contains("out of PostgreSQL's range")
+            && err.report().contains("(row key (id)=(61))"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(pg.psql(DB, "SELECT count(*) FROM tags"), "0");
 
@@ -314,7 +314,7 @@ async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
     connector
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     for (lane, at) in [(0, pos(500, 1)), (1, pos(400, 7))] {
         let mut sink = open(&connector, lane, 2).await;
         sink.apply(&Batch {
@@ -323,7 +323,7 @@ async fn a_lane_count_change_restarts_every_lane_from_the_lowest_checkpoint() {
             ..Batch::default()
         })
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     }
     // Another pipeline's rows are left alone.
     pg.psql(
@@ -378,7 +378,7 @@ async fn inserts_of_keys_the_sink_has_are_upserted_and_other_conflicts_are_defin
     connector
         .check_tables(std::slice::from_ref(&people))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 1).await;
     let insert = |at, id: i32, email: &str, name: &str| {
         let values = vec![
@@ -414,13 +414,13 @@ async fn inserts_of_keys_the_sink_has_are_upserted_and_other_conflicts_are_defin
         })
         .await
         .expect_err("email taken");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message.contains("23505")
-            && err.message.contains("people_email_key")
-            && err.message.ends_with("(row key (id)=(4))"),
+        err.report().contains("23505")
+            && err.report().contains("people_email_key")
+            && err.report().contains("(row key (id)=(4))"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(pg.psql(DB, "SELECT count(*) FROM people"), "3");
     assert_eq!(lane.checkpoint(), Some(pos(1, 2)));
@@ -434,7 +434,7 @@ async fn durable_frontier_needs_every_lane_and_advances_only_upwards() {
     connector
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let frontier = |lanes| connector.durable_frontier(lanes);
     assert_eq!(frontier(2).await.unwrap(), None, "nothing committed yet");
     let mut lane0 = open(&connector, 0, 2).await;
@@ -456,7 +456,7 @@ async fn durable_frontier_needs_every_lane_and_advances_only_upwards() {
     connector
         .advance_frontier(2, pos(450, 1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         checkpoints(&pg),
         "orders-pipe|pg-out|0|2|500|1|0\norders-pipe|pg-out|1|2|450|1|0"
@@ -465,13 +465,13 @@ async fn durable_frontier_needs_every_lane_and_advances_only_upwards() {
     connector
         .advance_frontier(2, pos(300, 1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(frontier(2).await.unwrap(), Some(pos(450, 1)));
     // Rows of a third lane are created when the count grows.
     connector
         .advance_frontier(3, pos(600, 2))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         pg.psql(
             DB,
@@ -494,11 +494,11 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let mut lease = first
         .claim(&Holder::this_process(), Duration::from_secs(30))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     first
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&first, 0, 1).await;
     let batch = |id: i32, at| Batch {
         lane: 0,
@@ -507,7 +507,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     };
     lane.apply(&batch(1, pos(100, 1)))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
 
     let other = Holder {
         pid: 4242,
@@ -533,7 +533,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let taken = second
         .claim(&other, Duration::ZERO)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(taken.epoch(), lease.epoch() + 1);
     let fenced = lane
         .apply(&batch(2, pos(200, 1)))
@@ -559,7 +559,7 @@ async fn a_second_claim_is_refused_and_a_takeover_fences_the_old_writer() {
     let mut lane = open(&second, 0, 1).await;
     lane.apply(&batch(2, pos(200, 1)))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         pg.psql(
             DB,
@@ -583,7 +583,7 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay() {
     connector
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let dead = |id: i32, at| DeadLetter {
         change: upsert(&t, at, order_row(id, "bad", 1)),
         reason: format!("row {id} was refused"),
@@ -598,11 +598,11 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay() {
     let mut lane = open(&connector, 0, 1).await;
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     // A retry of the same batch (its COMMIT reply lost) records nothing twice.
     lane.apply(&batch)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(lane.checkpoint(), Some(pos(101, 1)));
     assert_eq!(
         pg.psql(DB, "SELECT string_agg(id::text, ',') FROM orders"),
@@ -611,7 +611,7 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay() {
     let listed = connector
         .dead_letters()
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let summary: Vec<(String, String, Option<String>, String)> = listed
         .iter()
         .map(|r| {
@@ -655,7 +655,7 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay() {
         .unwrap_or_else(|e| panic!("{e}"));
     lane.replay(&[Arc::new(change)], &[two.id])
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(
         pg.psql(
             DB,
@@ -671,7 +671,7 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay() {
     // A truncate of the table supersedes the rest.
     lane.truncate(&t, pos(200, 1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     assert!(connector.dead_letters().await.unwrap().is_empty());
 }
 
@@ -683,7 +683,7 @@ async fn a_sink_table_created_again_empty_is_named_and_one_holding_rows_is_not()
     let sink = claimed(PostgresConnector::new(options(&pg))).await;
     sink.check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&sink, 0, 1).await;
     lane.apply(&Batch {
         lane: 0,
@@ -691,7 +691,7 @@ async fn a_sink_table_created_again_empty_is_named_and_one_holding_rows_is_not()
         ..Batch::default()
     })
     .await
-    .unwrap_or_else(|e| panic!("{}", e.message));
+    .unwrap_or_else(|e| panic!("{}", e.report()));
     let record = TableRecord {
         table: (*t).clone(),
         relation: 16400,
@@ -699,11 +699,11 @@ async fn a_sink_table_created_again_empty_is_named_and_one_holding_rows_is_not()
     };
     sink.record_table(&record)
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let recreated = || async {
         sink.recreated_tables()
             .await
-            .unwrap_or_else(|e| panic!("{}", e.message))
+            .unwrap_or_else(|e| panic!("{}", e.report()))
     };
     assert!(recreated().await.is_empty(), "the table is as recorded");
 

@@ -126,7 +126,7 @@ async fn checked(pg: &Postgres, t: &Arc<Table>) -> PostgresConnector {
     connector
         .check_tables(std::slice::from_ref(t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     connector
 }
 
@@ -223,11 +223,11 @@ async fn a_value_the_column_refuses_is_definite_and_names_its_row() {
         })
         .await
         .expect_err("varchar(5) refuses six characters");
-    assert_eq!(err.class, ErrorClass::Definite, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Definite, "{}", err.report());
     assert!(
-        err.message.contains("22001") && err.message.ends_with("(row key (id)=(2))"),
+        err.report().contains("22001") && err.report().contains("(row key (id)=(2))"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(pg.psql(DB, "SELECT count(*) FROM kinds"), "0");
 }

@@ -42,7 +42,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .expect_err("missing table");
     assert_eq!(err.class, ErrorClass::Fatal);
     assert_eq!(
-        err.message,
+        err.report(),
         "sink pg-out: table \"public\".\"missing\" does not exist (source table \
          public.missing); create it with a primary key on (id), or set create_tables: true"
     );
@@ -58,10 +58,10 @@ async fn check_tables_reports_what_the_operator_must_fix() {
             .await
             .expect_err("no usable key");
         assert!(
-            err.message
+            err.report()
                 .contains("no PRIMARY KEY or UNIQUE index on exactly (id)"),
             "{}",
-            err.message
+            err.report()
         );
     }
 
@@ -75,18 +75,18 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         pg.psql(DB, "SELECT attnotnull FROM pg_attribute WHERE attrelid = 'narrow'::regclass AND attname = 'extra'") == "f",
         "column extra should have been added to narrow, nullable"
     );
-    assert!(!err.message.contains("\"extra\""), "{}", err.message);
+    assert!(!err.report().contains("\"extra\""), "{}", err.report());
     for needle in [
         "\"narrow\".\"tenant\" is NOT NULL without a default",
         "\"narrow\".\"total\" is generated",
     ] {
-        assert!(err.message.contains(needle), "{needle}: {}", err.message);
+        assert!(err.report().contains(needle), "{needle}: {}", err.report());
     }
     let err = connector
         .check_tables(&[simple("aview", &["id"])])
         .await
         .expect_err("a view");
-    assert!(err.message.contains("is not a table"), "{}", err.message);
+    assert!(err.report().contains("is not a table"), "{}", err.report());
 
     // Wrong credentials are fatal and never echo the password.
     scram_role(&pg, DB, "zipline_pw", "R1ght-pw");
@@ -98,23 +98,23 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .expect_err("wrong password");
-    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.report());
     assert!(
-        err.message.contains("28P01") && !err.message.contains("s3cret"),
+        err.report().contains("28P01") && !err.report().contains("s3cret"),
         "{}",
-        err.message
+        err.report()
     );
     assert!(
-        err.message.contains("check the sink's user and password"),
+        err.report().contains("check the sink's user and password"),
         "{}",
-        err.message
+        err.report()
     );
     opts.password = None;
     let err = PostgresConnector::new(opts)
         .check_tables(&[])
         .await
         .expect_err("no password");
-    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.report());
 
     let mut opts = options(&pg);
     opts.database = "nope".into();
@@ -122,8 +122,8 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .unwrap_err();
-    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.message);
-    assert!(err.message.contains("3D000"), "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.report());
+    assert!(err.report().contains("3D000"), "{}", err.report());
 
     let mut opts = options(&pg);
     opts.schema = Some("nope".into());
@@ -131,8 +131,8 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .unwrap_err();
-    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.message);
-    assert!(err.message.contains("3F000"), "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.report());
+    assert!(err.report().contains("3F000"), "{}", err.report());
 
     // Nothing listening: transient (the server may be starting).
     let mut opts = options(&pg);
@@ -141,7 +141,7 @@ async fn check_tables_reports_what_the_operator_must_fix() {
         .check_tables(&[])
         .await
         .unwrap_err();
-    assert_eq!(err.class, ErrorClass::Transient, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Transient, "{}", err.report());
 }
 
 #[tokio::test]
@@ -174,7 +174,7 @@ async fn create_tables_uses_the_source_types_exactly() {
     connector
         .check_tables(std::slice::from_ref(&t))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let got = pg.psql(
         DB,
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute \
@@ -258,10 +258,10 @@ async fn create_tables_uses_the_source_types_exactly() {
     let err = connector.check_tables(&[custom]).await.unwrap_err();
     assert_eq!(err.class, ErrorClass::Fatal);
     assert!(
-        err.message
+        err.report()
             .contains("\"m\" (type OID 91234) of source table public.custom"),
         "{}",
-        err.message
+        err.report()
     );
 }
 
@@ -273,7 +273,7 @@ async fn a_new_source_column_is_added_to_the_sink_before_its_first_row() {
     connector
         .check_tables(std::slice::from_ref(&v1))
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     let mut lane = open(&connector, 0, 1).await;
     apply(
         &mut lane,

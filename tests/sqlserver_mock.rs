@@ -487,12 +487,12 @@ async fn preflight_names_the_statements_that_enable_cdc() {
         .unwrap();
     assert_eq!(err.class, ErrorClass::Fatal);
     assert!(
-        err.message.contains("not enabled on database shop")
+        err.report().contains("not enabled on database shop")
             && err
                 .message
                 .contains("USE [shop]; EXEC sys.sp_cdc_enable_db;"),
         "{}",
-        err.message
+        err.report()
     );
 
     mock.database_state(1, 0).await;
@@ -501,10 +501,10 @@ async fn preflight_names_the_statements_that_enable_cdc() {
         .err()
         .unwrap();
     assert!(
-        err.message
+        err.report()
             .contains("ALTER DATABASE [shop] SET ALLOW_SNAPSHOT_ISOLATION ON;"),
         "{}",
-        err.message
+        err.report()
     );
 
     mock.database_state(1, 1).await;
@@ -527,11 +527,11 @@ async fn preflight_names_the_statements_that_enable_cdc() {
         .err()
         .unwrap();
     assert!(
-        err.message.contains(
+        err.report().contains(
             "EXEC sys.sp_cdc_enable_table @source_schema = N'dbo', @source_name = N'orders', @role_name = NULL;"
         ),
         "{}",
-        err.message
+        err.report()
     );
 }
 
@@ -545,10 +545,10 @@ async fn preflight_rejects_unsupported_types_by_table_and_column() {
         .err()
         .unwrap();
     assert!(
-        err.message
+        err.report()
             .contains("column dbo.orders.shape has type geography"),
         "{}",
-        err.message
+        err.report()
     );
     // And a table without a key.
     mock.columns(&[("id", "int", 4, 0)]).await;
@@ -556,7 +556,7 @@ async fn preflight_rejects_unsupported_types_by_table_and_column() {
         .await
         .err()
         .unwrap();
-    assert!(err.message.contains("no primary key"), "{}", err.message);
+    assert!(err.report().contains("no primary key"), "{}", err.report());
 }
 
 #[tokio::test]
@@ -682,14 +682,14 @@ async fn a_retention_window_past_the_frontier_stops_with_a_clear_error() {
         .unwrap_err();
     assert_eq!(err.class, ErrorClass::Fatal);
     assert!(
-        err.message
+        err.report()
             .contains("no longer reaches back to LSN 0x00000000000000000100")
             && err
                 .message
                 .contains("dbo_orders starts at 0x00000000000000000500")
-            && err.message.contains("may be lost"),
+            && err.report().contains("may be lost"),
         "{}",
-        err.message
+        err.report()
     );
     assert_eq!(
         run.frontier.borrow().lsn,
@@ -978,14 +978,14 @@ async fn encryption_required_against_a_server_without_tls_is_refused() {
         .await
         .err()
         .expect("no plaintext fallback");
-    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.message);
+    assert_eq!(err.class, ErrorClass::Fatal, "{}", err.report());
     assert!(
-        err.message.contains("SQL Server 127.0.0.1")
+        err.report().contains("SQL Server 127.0.0.1")
             && err
                 .message
                 .contains("with `encrypt: true` the server must offer TLS"),
         "{}",
-        err.message
+        err.report()
     );
-    assert!(!err.message.contains("mock-password"));
+    assert!(!err.report().contains("mock-password"));
 }

@@ -79,7 +79,7 @@ pub(super) async fn apply(
         {
             conflicts_seen += 1;
             stats.retries.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(sink = %cfg.sink, attempt = conflicts_seen, error = %err, "unique-key conflict with another row; retrying in case another lane has yet to move that row's value away");
+            tracing::info!(sink = %cfg.sink, attempt = conflicts_seen, error = %crate::error::Report(&err), "unique-key conflict with another row; retrying in case another lane has yet to move that row's value away");
             tokio::time::sleep(Duration::from_millis(100 * u64::from(conflicts_seen))).await;
             continue;
         }
@@ -87,7 +87,7 @@ pub(super) async fn apply(
             return Err(err);
         }
         if !backoff.wait(&err).await {
-            return Err(SinkError::fatal(format!(
+            let message = format!(
                 "{} (the sink kept failing for {:.0?}, longer than sink_outage_timeout {:?}, over \
                  {} retries; check that it is up and reachable, then start Zipline again: \
                  it resumes from the last committed batch)",
@@ -95,7 +95,11 @@ pub(super) async fn apply(
                 backoff.failing_for(),
                 cfg.outage_timeout,
                 backoff.attempts()
-            )));
+            );
+            return Err(SinkError {
+                class: ErrorClass::Fatal,
+                ..err.reworded(message)
+            });
         }
         stats.retries.fetch_add(1, Ordering::Relaxed);
         // A failed reconnect counts as the next attempt's failure.
@@ -103,7 +107,7 @@ pub(super) async fn apply(
             Ok(Ok(())) => {}
             Ok(Err(e)) if e.class != ErrorClass::Transient => return Err(e),
             Ok(Err(e)) => {
-                tracing::warn!(sink = %cfg.sink, attempt = backoff.attempts(), error = %e, "reconnect failed")
+                tracing::warn!(sink = %cfg.sink, attempt = backoff.attempts(), error = %crate::error::Report(&e), "reconnect failed")
             }
             Err(_) => {
                 tracing::warn!(sink = %cfg.sink, attempt = backoff.attempts(), "reconnect got no answer within statement_timeout")

@@ -176,28 +176,26 @@ async fn reject(
     let what = describe(&change);
     match cfg.on_error {
         OnError::Halt => {
-            return Err(SinkError {
-                message: format!(
-                    "{}; halting (on_error: halt) at {what}, which is not confirmed: fix what \
-                     the sink refuses and start Zipline again, or set `on_error: dead_letter` \
-                     (or `skip`) on sink {} to set such changes aside",
-                    err.message, cfg.sink
-                ),
-                ..err
-            });
+            let message = format!(
+                "{}; halting (on_error: halt) at {what}, which is not confirmed: fix what the \
+                 sink refuses and start Zipline again, or set `on_error: dead_letter` (or \
+                 `skip`) on sink {} to set such changes aside",
+                err.message, cfg.sink
+            );
+            return Err(err.reworded(message));
         }
         OnError::Skip => {
-            tracing::warn!(sink = %cfg.sink, table = %change.table.qualified_name(), key = %key_to_json(&change.key), position = %change.position, op = change.op.as_str(), reason = %err.message, "skipping a change the sink rejects (on_error: skip)");
+            tracing::warn!(sink = %cfg.sink, table = %change.table.qualified_name(), key = %key_to_json(&change.key), position = %change.position, op = change.op.as_str(), reason = %err.report(), "skipping a change the sink rejects (on_error: skip)");
             piece.skipped_to = piece.skipped_to.max(Some(change.position));
             done.skipped += 1;
         }
         OnError::DeadLetter => {
-            tracing::warn!(sink = %cfg.sink, table = %change.table.qualified_name(), key = %key_to_json(&change.key), position = %change.position, op = change.op.as_str(), reason = %err.message, "dead-lettering a change the sink rejects (on_error: dead_letter); later changes of its key follow it there");
+            tracing::warn!(sink = %cfg.sink, table = %change.table.qualified_name(), key = %key_to_json(&change.key), position = %change.position, op = change.op.as_str(), reason = %err.report(), "dead-lettering a change the sink rejects (on_error: dead_letter); later changes of its key follow it there");
             parked.park(&change);
             piece.dead_letters.push(DeadLetter {
                 change,
-                reason: err.message,
-                code: err.code,
+                reason: err.report(),
+                code: err.code().map(str::to_owned),
             });
             piece.dead_letters.sort_by_key(|d| d.change.position);
         }

@@ -53,7 +53,7 @@ pub struct LaneStats {
 
 /// Why a lane stopped.
 #[derive(Debug, thiserror::Error)]
-#[error("sink {sink}, lane {lane}: {source}")]
+#[error("lane {lane}")]
 pub struct LaneError {
     /// Sink connector name.
     pub sink: String,

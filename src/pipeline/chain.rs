@@ -52,7 +52,7 @@ impl Run<'_> {
         let source_name = plan.source.as_str();
         let source_err = |error| PipelineError::Source {
             connector: source_name.to_owned(),
-            error,
+            error: Box::new(error),
         };
         let mut transforms: Vec<Option<Arc<dyn Transformer>>> = Vec::new();
         for route in &plan.routes {
@@ -203,7 +203,7 @@ impl Run<'_> {
                 }
                 Some(done) = lanes_set.join_next() => {
                     if let Some(err) = lane_failure(done) {
-                        tracing::error!(pipeline = %pipeline.name, error = %err, "lane failed; halting the pipeline");
+                        tracing::error!(pipeline = %pipeline.name, error = %crate::error::Report(&err), "lane failed; halting the pipeline");
                         first_error.get_or_insert(err);
                         let _ = stop_tx.send(StopMode::Abort);
                     }
@@ -211,7 +211,7 @@ impl Run<'_> {
                 done = &mut dispatcher_task, if !dispatcher_done => {
                     dispatcher_done = true;
                     if let Some(err) = dispatcher_failure(done) {
-                        tracing::error!(pipeline = %pipeline.name, error = %err, "halting the pipeline");
+                        tracing::error!(pipeline = %pipeline.name, error = %crate::error::Report(&err), "halting the pipeline");
                         first_error.get_or_insert(err);
                         let _ = stop_tx.send(StopMode::Abort);
                     }
@@ -220,7 +220,7 @@ impl Run<'_> {
                     claim_lost = true;
                     // Err: the renewing task ended, which happens only once the run is over.
                     let Ok((connector, error)) = lost else { continue };
-                    tracing::error!(pipeline = %pipeline.name, sink = %connector, error = %error, "another instance took over; stopping without writing");
+                    tracing::error!(pipeline = %pipeline.name, sink = %connector, error = %crate::error::Report(&error), "another instance took over; stopping without writing");
                     first_error.get_or_insert(PipelineError::Sink { connector, error });
                     let _ = stop_tx.send(StopMode::Abort);
                 }

@@ -91,7 +91,7 @@ pub(super) fn keep(plan: &Plan, mut frontier: watch::Receiver<Frontier>) -> Join
                         .await
                     {
                         all = false;
-                        tracing::warn!(sink = %sink.name(), frontier = %now.lsn, error = %e, "cannot record the durable frontier in the sink yet");
+                        tracing::warn!(sink = %sink.name(), frontier = %now.lsn, error = %crate::error::Report(&e), "cannot record the durable frontier in the sink yet");
                     }
                 }
                 if all {

@@ -167,8 +167,8 @@ async fn replay_sink(
                 tracing::info!(sink = connector.name(), table = %group[0].table, key = %group[0].key, records = ids.len(), "replayed dead letters");
             }
             Err(e) if e.class == ErrorClass::Definite => {
-                tracing::warn!(sink = connector.name(), table = %group[0].table, key = %group[0].key, error = %e, "the sink still rejects these dead letters; kept");
-                report.failed.push((ids, e.message));
+                tracing::warn!(sink = connector.name(), table = %group[0].table, key = %group[0].key, error = %crate::error::Report(&e), "the sink still rejects these dead letters; kept");
+                report.failed.push((ids, e.report()));
             }
             Err(e) => return Err(sink_error(sink, e)),
         }

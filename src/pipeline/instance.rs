@@ -99,7 +99,7 @@ async fn renew(
             match renewed {
                 Ok(()) => {}
                 Err(e) if e.class == ErrorClass::Transient => {
-                    tracing::warn!(sink = %name, error = %e, "cannot renew the pipeline's claim; the sink's writes stay fenced either way, retrying");
+                    tracing::warn!(sink = %name, error = %crate::error::Report(&e), "cannot renew the pipeline's claim; the sink's writes stay fenced either way, retrying");
                 }
                 Err(e) => {
                     if let Some(tx) = lost.take() {

@@ -29,11 +29,12 @@ use crate::lane::LaneError;
 use crate::sink::{SinkConnector, SinkError};
 use crate::source::SourceError;
 
-/// Why a pipeline stopped with an error.
-#[derive(Debug, thiserror::Error)]
+/// Why a pipeline stopped with an error. Each variant prints its own context; what went
+/// wrong underneath is its [`std::error::Error::source`], so a chain printer (`{:#}`,
+/// [`crate::error::report`]) says each cause once.
+#[derive(Debug)]
 pub enum PipelineError {
     /// The pipeline file is inconsistent in a way only the runtime sees.
-    #[error("pipeline {pipeline}: {message}")]
     Invalid {
         /// Pipeline name.
         pipeline: String,
@@ -41,30 +42,77 @@ pub enum PipelineError {
         message: String,
     },
     /// The source failed.
-    #[error("{}", named("source", connector, &error.message))]
     Source {
         /// Source connector name.
         connector: String,
-        /// The error (its text is part of this one's).
-        error: SourceError,
+        /// The error; its context is named after the connector once.
+        error: Box<SourceError>,
     },
     /// A sink failed before streaming started.
-    #[error("{}", named("sink", connector, &error.message))]
     Sink {
         /// Sink connector name.
         connector: String,
-        /// The error (its text is part of this one's).
+        /// The error; its context is named after the connector once.
         error: SinkError,
     },
     /// A lane failed while streaming; the pipeline halted without acknowledging its batch.
-    #[error("{0}; the pipeline halted: nothing past the last committed batch was acknowledged")]
-    Lane(#[from] LaneError),
+    Lane(LaneError),
     /// The route's transform could not start.
-    #[error("{0}")]
-    Transform(#[from] crate::transform::TransformError),
+    Transform(crate::transform::TransformError),
     /// The dispatcher halted the pipeline (a route's transform failed).
-    #[error("{0}")]
-    Dispatch(#[from] crate::runtime::DispatchError),
+    Dispatch(crate::runtime::DispatchError),
+}
+
+impl std::fmt::Display for PipelineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PipelineError::Invalid { pipeline, message } => {
+                write!(f, "pipeline {pipeline}: {message}")
+            }
+            PipelineError::Source { connector, error } => {
+                f.write_str(&named("source", connector, &error.message))
+            }
+            PipelineError::Sink { connector, error } => {
+                f.write_str(&named("sink", connector, &error.message))
+            }
+            PipelineError::Lane(_) => f.write_str(
+                "the pipeline halted; nothing past the last committed batch was acknowledged",
+            ),
+            PipelineError::Transform(e) => e.fmt(f),
+            PipelineError::Dispatch(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for PipelineError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PipelineError::Invalid { .. } => None,
+            PipelineError::Source { error, .. } => error.source(),
+            PipelineError::Sink { error, .. } => error.source(),
+            PipelineError::Lane(e) => Some(e),
+            PipelineError::Transform(e) => e.source(),
+            PipelineError::Dispatch(e) => e.source(),
+        }
+    }
+}
+
+impl From<LaneError> for PipelineError {
+    fn from(e: LaneError) -> Self {
+        PipelineError::Lane(e)
+    }
+}
+
+impl From<crate::transform::TransformError> for PipelineError {
+    fn from(e: crate::transform::TransformError) -> Self {
+        PipelineError::Transform(e)
+    }
+}
+
+impl From<crate::runtime::DispatchError> for PipelineError {
+    fn from(e: crate::runtime::DispatchError) -> Self {
+        PipelineError::Dispatch(e)
+    }
 }
 
 /// How `zipline pipeline apply` was asked to run.
@@ -169,5 +217,53 @@ fn named(kind: &str, connector: &str, message: &str) -> String {
         format!("{kind} {message}")
     } else {
         format!("{prefix}: {message}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{Cause, System, report};
+
+    fn refused() -> Cause {
+        Cause {
+            system: System::MySql,
+            code: Some("4025".into()),
+            text: "MySQL error 4025 (23000): CONSTRAINT `qty` failed".into(),
+            hint: None,
+        }
+    }
+
+    #[test]
+    fn each_link_of_a_stop_is_said_once_with_the_connector_named_once() {
+        let mut sink = SinkError::definite("sink out: upserting 1 row into `shop`.`t`");
+        sink.cause = Some(Box::new(refused()));
+        let lane = PipelineError::Lane(LaneError {
+            sink: "out".into(),
+            lane: 3,
+            source: sink,
+        });
+        assert_eq!(
+            report(&lane),
+            "the pipeline halted; nothing past the last committed batch was acknowledged: \
+             lane 3: sink out: upserting 1 row into `shop`.`t`: MySQL error 4025 (23000): \
+             CONSTRAINT `qty` failed"
+        );
+
+        let source = PipelineError::Source {
+            connector: "orders-db".into(),
+            error: Box::new(
+                SourceError::fatal("orders-db: reading the slot").caused_by(Cause {
+                    system: System::Postgres,
+                    code: Some("42501".into()),
+                    text: "PostgreSQL error 42501: permission denied".into(),
+                    hint: None,
+                }),
+            ),
+        };
+        assert_eq!(
+            report(&source),
+            "source orders-db: reading the slot: PostgreSQL error 42501: permission denied"
+        );
     }
 }

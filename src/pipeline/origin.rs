@@ -131,7 +131,7 @@ pub(crate) async fn establish(
     let upstream = source.upstream();
     let start = decide(cx, &upstream, &histories).map_err(|message| PipelineError::Source {
         connector: cx.source.to_owned(),
-        error: crate::source::SourceError::fatal(message),
+        error: Box::new(crate::source::SourceError::fatal(message)),
     })?;
     match start {
         Start::Resume => {}
@@ -147,11 +147,11 @@ pub(crate) async fn establish(
             if !source.takes_snapshot() {
                 return Err(PipelineError::Source {
                     connector: cx.source.to_owned(),
-                    error: crate::source::SourceError::fatal(format!(
+                    error: Box::new(crate::source::SourceError::fatal(format!(
                         "starting over copies every table again, which `snapshot: never` \
                          forbids; set `snapshot: initial` (or `when_needed`) on source {}",
                         cx.source
-                    )),
+                    ))),
                 });
             }
             tracing::warn!(
@@ -164,7 +164,7 @@ pub(crate) async fn establish(
                 .await
                 .map_err(|error| PipelineError::Source {
                     connector: cx.source.to_owned(),
-                    error,
+                    error: Box::new(error),
                 })?;
             for ((sink, (_, history)), tables) in sinks.iter().zip(&histories).zip(tables) {
                 if *history == SinkHistory::Applied {

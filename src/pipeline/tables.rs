@@ -74,7 +74,7 @@ async fn write(sinks: &[Arc<dyn SinkConnector>], record: &TableRecord) {
                 Ok(()) => break,
                 Err(e) if e.class == ErrorClass::Transient && backoff.wait(&e).await => {}
                 Err(e) => {
-                    tracing::warn!(sink = sink.name(), table = %record.name(), error = %e, "could not record the table's shape");
+                    tracing::warn!(sink = sink.name(), table = %record.name(), error = %crate::error::Report(&e), "could not record the table's shape");
                     break;
                 }
             }
@@ -155,7 +155,7 @@ pub(super) async fn on_source_error(
     let stop = |error| {
         Next::Stop(PipelineError::Source {
             connector: connector.clone(),
-            error,
+            error: Box::new(error),
         })
     };
     match error.kind.clone() {
@@ -236,7 +236,7 @@ pub(super) async fn recopy(
 ) -> Result<(), PipelineError> {
     let source_err = |error| PipelineError::Source {
         connector: plan.source.clone(),
-        error,
+        error: Box::new(error),
     };
     let sinks = plan.connectors();
     // Only routes without a transform copy a table again: the copy needs none.

@@ -25,7 +25,7 @@ pub(super) async fn preflight_source(
     let name = plan.source.as_str();
     let source_err = |error| PipelineError::Source {
         connector: name.to_owned(),
-        error,
+        error: Box::new(error),
     };
     match pipeline.connector(name).map(|c| &c.kind) {
         Some(ConnectorKind::PostgresSource(pg)) => {

@@ -33,13 +33,12 @@ use crate::transform::TransformError;
 #[derive(Debug, thiserror::Error)]
 pub enum DispatchError {
     /// A route's transform failed (its policy was to halt).
-    #[error("{route}: {source}")]
+    #[error("{error}")]
     Transform {
         /// The route.
         route: String,
-        /// What the transform said.
-        #[source]
-        source: TransformError,
+        /// What the transform said (it names the route and the module).
+        error: TransformError,
     },
     /// Every lane of a sink has stopped (the lanes report why).
     #[error("the lanes of sink #{sink} stopped")]
@@ -245,10 +244,10 @@ impl Dispatcher {
                 Vec::new()
             } else {
                 let call = transform.transform(inputs);
-                self.await_serving(call).await?.map_err(|source| {
+                self.await_serving(call).await?.map_err(|error| {
                     Halt::Failed(DispatchError::Transform {
                         route: self.routes[r].name.clone(),
-                        source,
+                        error,
                     })
                 })?
             };

@@ -68,10 +68,16 @@ impl SinkSnapshots {
 }
 
 fn source_error(e: SinkError) -> SourceError {
+    // A row the sink refuses stops the snapshot: a source has no per-row policy.
+    let class = match e.class {
+        ErrorClass::Transient => ErrorClass::Transient,
+        ErrorClass::Definite | ErrorClass::Fatal => ErrorClass::Fatal,
+    };
     SourceError {
-        class: e.class,
+        class,
         message: e.message,
         kind: crate::source::SourceErrorKind::Other,
+        cause: e.cause,
     }
 }
 

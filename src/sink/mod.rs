@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::change::{Change, Position, Table};
-use crate::error::{Classify, ErrorClass};
+use crate::error::{Cause, Classify, ErrorClass};
 
 mod coalesce;
 pub mod mysql;
@@ -115,19 +115,22 @@ pub struct DeadLetterRecord {
     pub change: String,
 }
 
-/// An error from a sink, classified by what the runtime does next.
+/// An error from a sink, classified by what the runtime does next. It prints its context
+/// (sink, what it was doing, table, row key); the server's error is its [`Cause`], printed
+/// after it by [`SinkError::report`] or any chain printer.
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct SinkError {
-    /// Transient: reconnect and retry the same batch. Definite: that batch's data is bad.
-    /// Fatal: stop and tell the operator.
+    /// Transient: reconnect and retry the same batch. Definite: that batch's data is bad
+    /// (the sink's `on_error` applies). Fatal: stop and tell the operator.
     pub class: ErrorClass,
-    /// What went wrong and where (sink, table, column); never contains a secret.
+    /// What was being done and where (sink, table, column, key); never contains a secret.
     pub message: String,
     /// Where the runtime reacts to more than the class.
     pub kind: SinkErrorKind,
-    /// The server's error code (a SQLSTATE, or a MySQL error number), when there was one.
-    pub code: Option<String>,
+    /// What the server or driver reported, when there was something.
+    #[source]
+    pub cause: Option<Box<Cause>>,
 }
 
 /// What kind of failure a [`SinkError`] is, where that matters beyond its class.
@@ -145,32 +148,38 @@ pub enum SinkErrorKind {
 }
 
 impl SinkError {
+    fn new(class: ErrorClass, message: String) -> Self {
+        SinkError {
+            class,
+            message,
+            kind: SinkErrorKind::Other,
+            cause: None,
+        }
+    }
     /// A transient error (retry with backoff).
     pub fn transient(message: impl Into<String>) -> Self {
-        SinkError {
-            class: ErrorClass::Transient,
-            message: message.into(),
-            kind: SinkErrorKind::Other,
-            code: None,
-        }
+        Self::new(ErrorClass::Transient, message.into())
     }
     /// A definite error (that data is bad).
     pub fn definite(message: impl Into<String>) -> Self {
-        SinkError {
-            class: ErrorClass::Definite,
-            message: message.into(),
-            kind: SinkErrorKind::Other,
-            code: None,
-        }
+        Self::new(ErrorClass::Definite, message.into())
     }
     /// A fatal error (operator action needed).
     pub fn fatal(message: impl Into<String>) -> Self {
-        SinkError {
-            class: ErrorClass::Fatal,
-            message: message.into(),
-            kind: SinkErrorKind::Other,
-            code: None,
-        }
+        Self::new(ErrorClass::Fatal, message.into())
+    }
+    /// The server's error code (a SQLSTATE, or a MySQL error number), when there was one.
+    pub fn code(&self) -> Option<&str> {
+        self.cause.as_ref()?.code.as_deref()
+    }
+    /// The same error (class, kind, cause) said in other words: `message` replaces the
+    /// context, e.g. to add what the operator must do.
+    pub fn reworded(self, message: String) -> Self {
+        SinkError { message, ..self }
+    }
+    /// The whole error on one line: context, then the cause.
+    pub fn report(&self) -> String {
+        crate::error::report(self)
     }
 }
 

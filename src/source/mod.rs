@@ -17,7 +17,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::change::{Position, Table};
 use crate::checkpoint::TableRecord;
-use crate::error::{Classify, ErrorClass};
+use crate::error::{Cause, Classify, ErrorClass};
 
 pub mod emitter;
 pub mod postgres;
@@ -26,16 +26,22 @@ pub mod sqlserver;
 
 pub use emitter::{Emitter, Event, Frontier};
 
-/// An error from the source, classified by what the runtime does next.
+/// An error from the source, classified by what the runtime does next: `Transient`
+/// (reconnect and resume from the frontier) or `Fatal` (stop and tell the operator). A
+/// source has no per-row policy: a change it cannot read stops it, naming the change. It
+/// prints its context; what the server said is its [`Cause`].
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
 pub struct SourceError {
-    /// Transient errors are retried with backoff; others stop the pipeline.
+    /// Transient errors are retried with backoff; fatal ones stop the pipeline.
     pub class: ErrorClass,
-    /// What went wrong and what to do; never contains a secret.
+    /// What was being done and where, and what to do; never contains a secret.
     pub message: String,
     /// Where the runtime reacts to more than the class.
     pub kind: SourceErrorKind,
+    /// What the server or driver reported, when there was something.
+    #[source]
+    pub cause: Option<Box<Cause>>,
 }
 
 /// What kind of stop a [`SourceError`] is, where the runtime acts on it.
@@ -80,26 +86,39 @@ pub enum TableChange {
 }
 
 impl SourceError {
+    fn new(class: ErrorClass, message: String) -> Self {
+        SourceError {
+            class,
+            message,
+            kind: SourceErrorKind::Other,
+            cause: None,
+        }
+    }
+    /// Reconnect and resume from the frontier.
     pub fn transient(message: impl Into<String>) -> Self {
-        SourceError {
-            class: ErrorClass::Transient,
-            message: message.into(),
-            kind: SourceErrorKind::Other,
-        }
+        Self::new(ErrorClass::Transient, message.into())
     }
+    /// Stop and tell the operator.
     pub fn fatal(message: impl Into<String>) -> Self {
+        Self::new(ErrorClass::Fatal, message.into())
+    }
+    /// The same error with `cause` under it.
+    pub fn caused_by(mut self, cause: Cause) -> Self {
+        self.cause = Some(Box::new(cause));
+        self
+    }
+    /// The same error (kind, cause) said in other words, of class `class`: `message`
+    /// replaces the context, e.g. to say that retrying gave up.
+    pub fn reworded(self, class: ErrorClass, message: String) -> Self {
         SourceError {
-            class: ErrorClass::Fatal,
-            message: message.into(),
-            kind: SourceErrorKind::Other,
+            class,
+            message,
+            ..self
         }
     }
-    pub fn definite(message: impl Into<String>) -> Self {
-        SourceError {
-            class: ErrorClass::Definite,
-            message: message.into(),
-            kind: SourceErrorKind::Other,
-        }
+    /// The whole error on one line: context, then the cause.
+    pub fn report(&self) -> String {
+        crate::error::report(self)
     }
 }
 

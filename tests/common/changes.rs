@@ -43,7 +43,7 @@ pub async fn open(connector: &impl SinkConnector, lane: u32, lanes: u32) -> Box<
     connector
         .open_lane(lane, lanes)
         .await
-        .unwrap_or_else(|e| panic!("opening lane {lane}/{lanes}: {}", e.message))
+        .unwrap_or_else(|e| panic!("opening lane {lane}/{lanes}: {}", e.report()))
 }
 
 /// `connector`, claimed for this test process (the claim's lease is kept for the whole test:
@@ -53,7 +53,7 @@ pub async fn claimed<C: SinkConnector>(connector: C) -> C {
     let lease = connector
         .claim(&holder, std::time::Duration::from_secs(30))
         .await
-        .unwrap_or_else(|e| panic!("claiming sink {}: {}", connector.name(), e.message));
+        .unwrap_or_else(|e| panic!("claiming sink {}: {}", connector.name(), e.report()));
     std::mem::forget(lease);
     connector
 }

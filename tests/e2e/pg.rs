@@ -432,6 +432,6 @@ pub mod fixtures {
             ..Batch::default()
         })
         .await
-        .unwrap_or_else(|e| panic!("{}", e.message));
+        .unwrap_or_else(|e| panic!("{}", e.report()));
     }
 }

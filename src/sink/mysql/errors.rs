@@ -18,7 +18,7 @@
 
 use mysql_async::{DriverError, Error};
 
-use crate::error::ErrorClass;
+use crate::error::{Cause, ErrorClass};
 use crate::sink::SinkError;
 
 /// The class of a mysql_async error.
@@ -82,19 +82,11 @@ fn classify_server(code: u16, state: &str) -> ErrorClass {
 
 /// A [`SinkError`] for `err` met while `doing` something (e.g. "upserting 3 rows into …").
 pub(crate) fn sink_error(sink: &str, doing: &str, err: &Error) -> SinkError {
-    let mut message = format!("sink {sink}: {doing}: {}", describe(err));
-    if let Some(hint) = hint(err) {
-        message.push_str("; ");
-        message.push_str(hint);
-    }
     SinkError {
         class: classify(err),
-        message,
+        message: format!("sink {sink}: {doing}"),
         kind: crate::sink::SinkErrorKind::Other,
-        code: match err {
-            Error::Server(e) => Some(e.code.to_string()),
-            _ => None,
-        },
+        cause: Some(Box::new(Cause::mysql(err).with_hint(hint(err)))),
     }
 }
 
@@ -104,16 +96,6 @@ pub(crate) fn connection_lost(err: &Error) -> bool {
         // Killed (MariaDB), server shutdown, gone away, lost, idle disconnect (MySQL).
         Error::Server(e) => matches!(e.code, 1927 | 1053 | 2006 | 2013 | 4031),
         _ => err.is_fatal(),
-    }
-}
-
-fn describe(err: &Error) -> String {
-    match err {
-        Error::Server(e) => format!("MySQL error {} ({}): {}", e.code, e.state, e.message),
-        Error::Io(e) => format!("connection error: {e}"),
-        Error::Driver(e) => format!("driver error: {e}"),
-        Error::Other(e) => format!("error: {e}"),
-        Error::Url(e) => format!("connection options: {e}"),
     }
 }
 
@@ -208,10 +190,14 @@ mod tests {
         assert_eq!(classify(&refused), ErrorClass::Transient);
         let e = sink_error("out", "connecting to MySQL at db:3306", &refused);
         assert!(
-            e.message
+            e.report()
                 .starts_with("sink out: connecting to MySQL at db:3306: connection error")
         );
-        assert!(e.message.contains("is the server running"), "{}", e.message);
+        assert!(
+            e.report().contains("is the server running"),
+            "{}",
+            e.report()
+        );
         let closed = Error::Driver(DriverError::ConnectionClosed);
         assert_eq!(classify(&closed), ErrorClass::Transient);
         assert_eq!(
@@ -232,8 +218,9 @@ mod tests {
             ),
         );
         assert_eq!(e.class, ErrorClass::Fatal);
+        assert_eq!(e.code(), Some("1045"));
         assert_eq!(
-            e.message,
+            e.report(),
             "sink mysql-out: connecting: MySQL error 1045 (28000): Access denied for user \
              'z'@'h' (using password: YES); check the sink's user and password"
         );

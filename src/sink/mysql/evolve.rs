@@ -109,12 +109,16 @@ async fn add_column(
             &e,
         )),
         Err(e) => {
-            let cause = sink_error(sink, &format!("adding column `{}`", column.name), &e);
-            Err(SinkError::fatal(format!(
+            let err = sink_error(sink, &format!("adding column `{}`", column.name), &e);
+            let message = format!(
                 "{}; source column {source} is new and table {target} lacks it: run `{sql}` \
                  on the sink (or grant ALTER on it to Zipline's user), then restart Zipline",
-                cause.message
-            )))
+                err.message
+            );
+            Err(SinkError {
+                class: crate::error::ErrorClass::Fatal,
+                ..err.reworded(message)
+            })
         }
     }
 }

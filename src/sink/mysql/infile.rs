@@ -164,7 +164,7 @@ pub(super) async fn load(
         Err(Failure::InfileRefused(e)) => {
             close(conn).await;
             if !loader.infile_refused.swap(true, Ordering::Relaxed) {
-                tracing::warn!(sink = shared.sink(), error = %e.message, "the server refuses LOAD DATA LOCAL INFILE (local_infile=OFF?); the snapshot writes multi-row upserts instead, which is slower");
+                tracing::warn!(sink = shared.sink(), error = %e.report(), "the server refuses LOAD DATA LOCAL INFILE (local_infile=OFF?); the snapshot writes multi-row upserts instead, which is slower");
             }
             let mut conn = shared.connect().await?;
             match load_upserts(shared, &mut conn, chunk, changes).await {

@@ -98,7 +98,7 @@ impl MysqlLane {
             } else if self.in_tx {
                 self.rollback().await;
             }
-            tracing::debug!(sink = self.shared.sink(), lane = self.lane, error = %err.message, "batch failed");
+            tracing::debug!(sink = self.shared.sink(), lane = self.lane, error = %err.report(), "batch failed");
         }
         result.map_err(|(err, _)| err)?;
         if moved.is_some() {

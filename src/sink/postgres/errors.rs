@@ -17,10 +17,10 @@
 
 use std::error::Error as _;
 
-use tokio_postgres::error::{DbError, SqlState};
+use tokio_postgres::error::SqlState;
 
 use super::encode::EncodeError;
-use crate::error::ErrorClass;
+use crate::error::{Cause, ErrorClass};
 use crate::sink::SinkError;
 
 /// The class of a tokio-postgres error.
@@ -75,16 +75,11 @@ fn io_cause(err: &tokio_postgres::Error) -> Option<&std::io::Error> {
 
 /// A [`SinkError`] for `err` met while `doing` something (e.g. "upserting 3 rows into …").
 pub(super) fn sink_error(sink: &str, doing: &str, err: &tokio_postgres::Error) -> SinkError {
-    let mut message = format!("sink {sink}: {doing}: {}", describe(err));
-    if let Some(hint) = hint(err) {
-        message.push_str("; ");
-        message.push_str(hint);
-    }
     SinkError {
         class: classify(err),
-        message,
+        message: format!("sink {sink}: {doing}"),
         kind: crate::sink::SinkErrorKind::Other,
-        code: err.code().map(|c| c.code().to_owned()),
+        cause: Some(Box::new(Cause::postgres(err).with_hint(hint(err)))),
     }
 }
 
@@ -100,31 +95,6 @@ pub(super) fn connection_lost(err: &tokio_postgres::Error) -> bool {
         }
         None => classify(err) == ErrorClass::Transient,
     }
-}
-
-fn describe(err: &tokio_postgres::Error) -> String {
-    match err.as_db_error() {
-        Some(db) => describe_db(db),
-        None => {
-            let mut out = err.to_string();
-            if let Some(cause) = err.source() {
-                out.push_str(": ");
-                out.push_str(&cause.to_string());
-            }
-            out
-        }
-    }
-}
-
-fn describe_db(db: &DbError) -> String {
-    let mut out = format!("PostgreSQL error {}: {}", db.code().code(), db.message());
-    if let Some(column) = db.column() {
-        out.push_str(&format!(" (column \"{column}\")"));
-    }
-    if let Some(detail) = db.detail() {
-        out.push_str(&format!(" ({detail})"));
-    }
-    out
 }
 
 fn hint(err: &tokio_postgres::Error) -> Option<&'static str> {

@@ -372,7 +372,7 @@ impl Lease for PostgresLease {
                 // The fence session broke (it may have been ended by a takeover): once more
                 // on a new one, which finds out.
                 Err(e) if self.client.is_none() => {
-                    tracing::debug!(sink = self.shared.sink(), error = %e, "fence session lost; renewing on a new one");
+                    tracing::debug!(sink = self.shared.sink(), error = %crate::error::Report(&e), "fence session lost; renewing on a new one");
                     self.beat().await
                 }
                 other => other,

@@ -221,7 +221,7 @@ impl PostgresLane {
                 } else {
                     self.rollback().await;
                 }
-                tracing::debug!(sink = self.shared.sink(), lane = self.lane, error = %error.message, "batch failed");
+                tracing::debug!(sink = self.shared.sink(), lane = self.lane, error = %error.report(), "batch failed");
                 Err(error)
             }
         }

@@ -271,12 +271,8 @@ pub(super) async fn check(
             Err(e) if e.class == ErrorClass::Transient => return Err(e),
             Err(e) => {
                 let prefix = format!("sink {sink}: ");
-                problems.push(
-                    e.message
-                        .strip_prefix(&prefix)
-                        .unwrap_or(&e.message)
-                        .to_owned(),
-                );
+                let text = e.report();
+                problems.push(text.strip_prefix(&prefix).unwrap_or(&text).to_owned());
                 continue;
             }
         };

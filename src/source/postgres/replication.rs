@@ -27,7 +27,7 @@ use super::pgoutput::{self, KeyHints, Known, PgOutput, Relations};
 use super::spill::Spill;
 use super::{PostgresSourceOptions, quote_ident, quote_literal};
 use crate::change::{Change, Lsn, Position};
-use crate::error::{Classify, ErrorClass};
+use crate::error::{Cause, ErrorClass};
 use crate::retry::{Backoff, Budget};
 use crate::source::emitter::{Emitter, Event, Frontier};
 use crate::source::{SourceError, SourceIo, SourceStats, StopMode};
@@ -184,10 +184,11 @@ pub(crate) async fn run(
             backoff.reset();
         }
         if backoff.attempts() >= MAX_RECONNECTS {
-            return Err(SourceError::fatal(format!(
-                "{}: giving up after {MAX_RECONNECTS} reconnect attempts: {}",
+            let message = format!(
+                "{}: giving up after {MAX_RECONNECTS} reconnect attempts; the last one: {}",
                 opts.connector, err.message
-            )));
+            );
+            return Err(err.reworded(ErrorClass::Fatal, message));
         }
         // Everything emitted so far becomes durable (or fails) before resuming, so the resent
         // transactions never mix with copies still in flight.
@@ -495,11 +496,12 @@ fn undecodable(opts: &PostgresSourceOptions, e: &pgoutput::DecodeError) -> Sourc
 
 fn spill_error(opts: &PostgresSourceOptions, e: &std::io::Error) -> SourceError {
     SourceError::fatal(format!(
-        "{}: spill directory {}: {e} (streamed transactions are kept there until they commit; \
+        "{}: spill directory {} (streamed transactions are kept there until they commit; \
          check free space and permissions, or set spill_dir)",
         opts.connector,
         opts.spill_dir.display()
     ))
+    .caused_by(Cause::io(e))
 }
 
 /// Relation, row and truncate messages, whether received live or replayed from a spill file.
@@ -562,11 +564,8 @@ async fn emit_change(
 }
 
 fn change_error(st: &State<'_>, e: &pgoutput::ChangeError) -> SourceError {
-    let message = format!("{}: {e}", st.opts.connector);
-    match e.class() {
-        ErrorClass::Definite => SourceError::definite(message),
-        _ => SourceError::fatal(message),
-    }
+    // Each is a row the source cannot read, or a table the operator must fix first.
+    SourceError::fatal(format!("{}: {e}", st.opts.connector))
 }
 
 fn next_position(st: &mut State<'_>) -> Result<Position, SourceError> {

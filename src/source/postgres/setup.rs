@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use crate::error::Cause;
 use crate::retry::{Backoff, Budget};
 use tokio_postgres::{Client, NoTls};
 
@@ -67,7 +68,13 @@ pub(crate) async fn connect_sql_with(
             }
             Err(e) => {
                 let db_error = matches!(&e, ConnectFailure::Driver(d) if d.as_db_error().is_some());
-                if db_error || !backoff.wait(&e.reason(params)).await {
+                if db_error
+                    || !backoff
+                        .wait(&*Box::<dyn std::error::Error + Send + Sync>::from(
+                            e.reason(params),
+                        ))
+                        .await
+                {
                     return Err(connect_error(params, &e, backoff.attempts() + 1, db_error));
                 }
             }
@@ -556,10 +563,11 @@ pub(crate) async fn wal_sender_timeout(
 
 /// Render a tokio-postgres error with the server's message, for a source error.
 pub(crate) fn sql_error(doing: &str, e: &tokio_postgres::Error) -> SourceError {
-    match e.as_db_error() {
-        Some(db) => SourceError::fatal(format!("{doing}: {}", db.message())),
-        None => SourceError::transient(format!("{doing}: {e}")),
-    }
+    let error = match e.as_db_error() {
+        Some(_) => SourceError::fatal(doing),
+        None => SourceError::transient(doing),
+    };
+    error.caused_by(Cause::postgres(e))
 }
 
 #[cfg(test)]

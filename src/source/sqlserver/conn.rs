@@ -19,6 +19,7 @@ use super::SqlServerSourceOptions;
 use super::lsn;
 use super::sql;
 use crate::change::Lsn;
+use crate::error::{Cause, ErrorClass};
 use crate::source::SourceError;
 
 /// A logged-in connection.
@@ -77,11 +78,12 @@ pub(crate) async fn connect_with_retries(
             Ok(conn) => return Ok(conn),
             Err(e) if e.class == crate::error::ErrorClass::Transient => {
                 if !backoff.wait(&e).await {
-                    return Err(SourceError::fatal(format!(
+                    let message = format!(
                         "{} (gave up after {} attempts)",
                         e.message,
                         backoff.attempts() + 1
-                    )));
+                    );
+                    return Err(e.reworded(crate::error::ErrorClass::Fatal, message));
                 }
             }
             Err(e) => return Err(e),
@@ -157,28 +159,39 @@ pub(crate) fn classify(
     doing: &str,
     e: &tiberius::error::Error,
 ) -> SourceError {
-    let message = format!("{}: {doing}: {e}", where_(opts));
-    match e {
+    let message = format!("{}: {doing}", where_(opts));
+    let (class, hint) = match e {
         tiberius::error::Error::Io { .. } | tiberius::error::Error::Protocol(_) => {
-            SourceError::transient(message)
+            (ErrorClass::Transient, None)
         }
         tiberius::error::Error::Server(token) => match token.code() {
             // Deadlock victim, lock timeout, and Azure SQL's "try again" family.
-            1205 | 1222 => SourceError::transient(message),
-            10928 | 10929 | 40197 | 40501 | 40613 | 49918 | 49919 | 49920 => {
-                SourceError::transient(message)
+            1205 | 1222 | 10928 | 10929 | 40197 | 40501 | 40613 | 49918 | 49919 | 49920 => {
+                (ErrorClass::Transient, None)
             }
-            18456 => SourceError::fatal(format!(
-                "{message} (check user and password; the password comes from `password` or `secret_refs`)"
-            )),
-            229 | 230 | 262 | 297 | 300 | 916 => SourceError::fatal(format!(
-                "{message} (the user needs SELECT on the captured tables and on the cdc schema, \
-                 e.g. membership in db_owner or in the capture instance's gating role)"
-            )),
-            _ => SourceError::fatal(message),
+            18456 => (
+                ErrorClass::Fatal,
+                Some(
+                    "check user and password; the password comes from `password` or \
+                     `secret_refs`",
+                ),
+            ),
+            229 | 230 | 262 | 297 | 300 | 916 => (
+                ErrorClass::Fatal,
+                Some(
+                    "the user needs SELECT on the captured tables and on the cdc schema, e.g. \
+                     membership in db_owner or in the capture instance's gating role",
+                ),
+            ),
+            _ => (ErrorClass::Fatal, None),
         },
+        _ => (ErrorClass::Fatal, None),
+    };
+    let error = match class {
+        ErrorClass::Transient => SourceError::transient(message),
         _ => SourceError::fatal(message),
-    }
+    };
+    error.caused_by(Cause::sql_server(e).with_hint(hint))
 }
 
 /// Reads column `idx` as an integer (any integer width, or a bit).

@@ -186,7 +186,7 @@ async fn check_database(
             }
         }
         Err(e) => {
-            tracing::warn!(connector = %opts.connector, error = %e, "cannot check for the CDC capture job; make sure SQL Server Agent runs the capture job of this database");
+            tracing::warn!(connector = %opts.connector, error = %crate::error::Report(&e), "cannot check for the CDC capture job; make sure SQL Server Agent runs the capture job of this database");
         }
     }
     Ok(())

@@ -164,7 +164,7 @@ fn parse_row(
         .map(<[u8]>::to_vec)
         .unwrap_or_default();
     let values = row_values(inst, row, 4).map_err(|e| {
-        SourceError::definite(format!(
+        SourceError::fatal(format!(
             "{}: change at LSN {} of {}: {e}",
             opts.connector,
             lsn::literal(start_lsn),

@@ -109,7 +109,7 @@ pub(super) async fn run(
         {
             let QueryItem::Row(row) = item else { continue };
             let values = row_values(&inst, &row, 0).map_err(|e| {
-                SourceError::definite(format!("{}: snapshot of {qualified}: {e}", opts.connector))
+                SourceError::fatal(format!("{}: snapshot of {qualified}: {e}", opts.connector))
             })?;
             ordinal = ordinal
                 .checked_add(1)

@@ -106,10 +106,11 @@ pub(super) async fn run(
             backoff.reset();
         }
         if backoff.attempts() >= MAX_RECONNECTS {
-            return Err(SourceError::fatal(format!(
-                "{}: giving up after {MAX_RECONNECTS} reconnect attempts: {}",
+            let message = format!(
+                "{}: giving up after {MAX_RECONNECTS} reconnect attempts; the last one: {}",
                 opts.connector, err.message
-            )));
+            );
+            return Err(err.reworded(ErrorClass::Fatal, message));
         }
         // Everything emitted must be durable (or failed) before resuming, so re-read changes
         // never mix with copies still in flight; a snapshot cut short starts over.

@@ -146,12 +146,16 @@ pub(in crate::sink::postgres) async fn fit(
         if error.class == ErrorClass::Transient {
             return Err(error);
         }
-        return Err(SinkError::fatal(format!(
+        let message = format!(
             "{}; source table {} has these columns and {target} lacks them: run `{ddl}` on the \
              sink (or let Zipline's user alter the table), then restart Zipline",
             error.message,
             table.qualified_name()
-        )));
+        );
+        return Err(SinkError {
+            class: ErrorClass::Fatal,
+            ..error.reworded(message)
+        });
     }
     let names: Vec<&str> = missing.iter().map(|c| c.name.as_str()).collect();
     tracing::info!(sink, table = %target, columns = ?names, "added columns the source table has");

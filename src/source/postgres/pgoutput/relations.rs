@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use super::{OldTuple, PgOutput, RelationBody, ReplicaIdentity, TupleValue};
 use crate::change::{Change, Op, Position, Table, Value};
-use crate::error::{Classify, ErrorClass};
+
 use crate::source::postgres::types::{self, TypeError};
 
 /// A row message that cannot become a [`Change`].
@@ -134,25 +134,6 @@ pub(crate) enum ChangeError {
         /// `schema.name`.
         table: String,
     },
-}
-
-impl Classify for ChangeError {
-    fn class(&self) -> ErrorClass {
-        match self {
-            // Our relation cache or wire options disagree with the walsender: a bug to stop on.
-            ChangeError::UnknownRelation { .. }
-            | ChangeError::Binary { .. }
-            | ChangeError::NotARowMessage(_) => ErrorClass::Fatal,
-            // Operator action needed before any later row of the table may be applied.
-            ChangeError::TypeChanged { .. }
-            | ChangeError::FullWithoutKey { .. }
-            | ChangeError::Recreated { .. } => ErrorClass::Fatal,
-            ChangeError::NoKey { .. }
-            | ChangeError::ColumnCount { .. }
-            | ChangeError::Value { .. }
-            | ChangeError::MissingKey { .. } => ErrorClass::Definite,
-        }
-    }
 }
 
 /// The key columns preflight found per table (`(schema, name)` → column names), for tables
@@ -552,7 +533,6 @@ mod tests {
             matches!(&e, ChangeError::MissingKey { column, .. } if column == "id"),
             "{e}"
         );
-        assert_eq!(e.class(), ErrorClass::Definite);
     }
 
     #[test]
@@ -604,7 +584,6 @@ mod tests {
             .apply_relation(full_relation())
             .unwrap_err();
         assert!(matches!(&e, ChangeError::FullWithoutKey { table } if table == "public.users"));
-        assert_eq!(e.class(), ErrorClass::Fatal);
         // A hinted key column that the table no longer has is no key either.
         let hints = HashMap::from([(("public".into(), "users".into()), vec!["gone".to_owned()])]);
         let e = Relations::new(Arc::new(hints), Known::new())
@@ -637,7 +616,6 @@ mod tests {
         retyped.columns[1].type_modifier = 204;
         let before = Arc::clone(rels.get(16_384).unwrap());
         let e = rels.apply_relation(retyped).unwrap_err();
-        assert_eq!(e.class(), ErrorClass::Fatal);
         let text = e.to_string();
         assert_eq!(
             text,
@@ -680,11 +658,9 @@ mod tests {
         let e = row(&insert, &relations(b'n')).unwrap_err();
         assert!(matches!(&e, ChangeError::NoKey { table } if table == "public.users"));
         assert!(e.to_string().contains("REPLICA IDENTITY"), "{e}");
-        assert_eq!(e.class(), ErrorClass::Definite);
 
         let e = row(&insert, &Relations::default()).unwrap_err();
         assert!(matches!(e, ChangeError::UnknownRelation { rel_id: 16_384 }));
-        assert_eq!(e.class(), ErrorClass::Fatal);
 
         let rels = relations(b'd');
         let e = row(&[B(b'I'), W(16_384), B(b'N'), T(&[Some("1")])], &rels).unwrap_err();

@@ -174,7 +174,7 @@ pub(super) async fn stop_at(
     if let Err(other) = settled.await
         && !matches!(other.kind, SourceErrorKind::TableChanged { .. })
     {
-        tracing::warn!(connector = %st.opts.connector, error = %other, "could not confirm the changes before the table's change");
+        tracing::warn!(connector = %st.opts.connector, error = %crate::error::Report(&other), "could not confirm the changes before the table's change");
     }
     err
 }

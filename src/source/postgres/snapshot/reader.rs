@@ -72,7 +72,7 @@ impl Reader {
         self.copy_out(table, chunk, &doing, |data| {
             decoder
                 .push(data, &table.columns, &mut rows)
-                .map_err(|e| SourceError::definite(format!("{doing}: {e}")))
+                .map_err(|e| SourceError::fatal(format!("{doing}: {e}")))
         })
         .await?;
         if decoder.has_partial() {
