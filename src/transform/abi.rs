@@ -76,7 +76,11 @@ impl OutputSize {
                         .sum::<u64>()
             })
             .sum::<u64>()
-            + out.errors.iter().map(|e| e.message.len() as u64).sum::<u64>();
+            + out
+                .errors
+                .iter()
+                .map(|e| e.message.len() as u64)
+                .sum::<u64>();
         OutputSize {
             total: out.data.len() as u64
                 + out.values.len() as u64 * VALUE_SIZE

@@ -267,7 +267,11 @@ fn check_key(table: &change::Table, op: Op, c: &Spans<'_>, data: &Data<'_>) -> R
     if !matches!(op, Op::Insert | Op::Update) {
         return Ok(());
     }
-    let key_columns = table.columns.iter().enumerate().filter(|(_, col)| col.is_key);
+    let key_columns = table
+        .columns
+        .iter()
+        .enumerate()
+        .filter(|(_, col)| col.is_key);
     for ((i, col), k) in key_columns.zip(c.key) {
         let v = &c.values[i];
         if matches!(v, w::Value::Unchanged) || same_value(v, k, data)? {

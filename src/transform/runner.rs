@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use wasmtime::{Store, Trap};
 
+use super::abi::{OutputSize, hostcall_fuel};
 use super::bindings::{InputBatch, Transform};
 use super::engine::{Module, TICK};
 use super::host::{HostState, LogTags};
-use super::abi::{OutputSize, hostcall_fuel};
 use super::output::{Checked, TableCache, check_output};
 use crate::config::TransformLimits;
 
