@@ -397,10 +397,7 @@ mod tests {
              key: a change's key must be its key columns' values (set both, or use a transform \
              SDK, which does)"
         );
-        assert!(
-            check(&|o| o.values[2] = w::Value::Unchanged.into())
-                .contains("only allowed in updates")
-        );
+        assert!(check(&|o| o.values[2] = w::Value::Unchanged).contains("only allowed in updates"));
         assert_eq!(
             check(&|o| o.errors.push(w::ChangeError {
                 index: 3,
@@ -414,8 +411,7 @@ mod tests {
                 o.values[2] = w::Value::Text(w::Span {
                     start: 1,
                     len: 20_000,
-                })
-                .into();
+                });
             }),
             "output exceeds the limit of 10000 bytes (limits.output): its changes' values come \
              to more than that once resolved, at output change #0"
@@ -425,9 +421,8 @@ mod tests {
             "output change #0 (public.users): values span 2+2 is out of range (the output has 3 values)"
         );
         // Data spans: the input's data is "x" (1 byte); the output's starts at 1.
-        let text = |o: &mut Output, start, len| {
-            o.values[2] = w::Value::Text(w::Span { start, len }).into()
-        };
+        let text =
+            |o: &mut Output, start, len| o.values[2] = w::Value::Text(w::Span { start, len });
         assert_eq!(
             check(&|o| {
                 o.data = b"yz".to_vec();
@@ -460,7 +455,7 @@ mod tests {
         let mut out = echo(&input);
         // Mask the second email: new bytes after the input's 9, the first email passed through.
         out.data = b"b***@y".to_vec();
-        out.values[5] = w::Value::Text(w::Span { start: 9, len: 6 }).into();
+        out.values[5] = w::Value::Text(w::Span { start: 9, len: 6 });
         let checked = check_output(out, &input, &mut TableCache::default(), u64::MAX).unwrap();
         let emails: Vec<_> = checked
             .outputs
