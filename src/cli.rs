@@ -9,10 +9,68 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use zipline::config::{self, LoadOptions};
 
-/// Zipline streams every insert, update and delete from PostgreSQL into MySQL/MariaDB, in
-/// commit order per key.
+/// What every command's help ends with: exit codes and the environment it reads.
+const EXIT_AND_ENV: &str = "\
+Exit codes:
+  0  done; for `pipeline apply`: stopped by Ctrl-C or SIGTERM after draining (every committed
+     change confirmed)
+  1  a failure at run time: a database refused or failed, a transform halted, another instance
+     holds the pipeline; the message says what happened and what to do
+  2  a bad command line or pipeline file; the message names the file, line and field
+
+Environment:
+  ZIPLINE_LOG              log filter, default `info` (e.g. `debug`, `zipline=debug,info`);
+                           logs go to stderr
+  ZIPLINE_SECRET_<REF>     the value of secret ref <REF> (upper case, `-` as `_`): the
+                           ref `pg-password` is read from ZIPLINE_SECRET_PG_PASSWORD, then
+                           from <secrets-dir>/pg-password
+  ZIPLINE_TRANSFORM_CACHE  where compiled transforms are cached (default
+                           $XDG_CACHE_HOME/zipline/transforms or ~/.cache/zipline/transforms;
+                           `off` disables it)
+  ${VAR}, ${VAR:-default}  any variable a pipeline file names";
+
+const MAIN_HELP: &str = "\
+Examples:
+  zipline pipeline validate -f pipeline.yaml
+  zipline pipeline apply -f pipeline.yaml
+  zipline transform test --module mask.wasm --config columns=email --input changes.jsonl
+  zipline dlq list -f pipeline.yaml
+";
+
+const APPLY_HELP: &str = "\
+Examples:
+  zipline pipeline apply -f pipeline.yaml
+  ZIPLINE_SECRET_PG_PASSWORD=... zipline pipeline apply -f pipeline.yaml --secrets-dir /run/secrets
+  zipline pipeline apply -f pipeline.yaml --resnapshot
+";
+
+const VALIDATE_HELP: &str = "\
+Examples:
+  zipline pipeline validate -f pipeline.yaml
+  POSTGRES_HOST=db.internal zipline pipeline validate -f pipeline.yaml
+";
+
+const TRANSFORM_TEST_HELP: &str = r#"Examples:
+  zipline transform test --module mask.wasm --config columns=email --input changes.jsonl
+  echo '{"table":"public.users","op":"insert","columns":[{"name":"id","type":"int8","key":true},{"name":"email","type":"text"}],"key":[42],"values":[42,"a@example.com"]}' | zipline transform test --module mask.wasm --config columns=email --input -
+"#;
+
+const DLQ_LIST_HELP: &str = "\
+Examples:
+  zipline dlq list -f pipeline.yaml
+  zipline dlq list -f pipeline.yaml --json
+";
+
+const DLQ_REPLAY_HELP: &str = "\
+Examples:
+  zipline dlq replay -f pipeline.yaml --id 3 --id 7
+  zipline dlq replay -f pipeline.yaml --all
+";
+
+/// Zipline streams every insert, update and delete from PostgreSQL (or SQL Server) into
+/// MySQL/MariaDB or PostgreSQL, in commit order per key.
 #[derive(Debug, Parser)]
-#[command(name = "zipline", version, about)]
+#[command(name = "zipline", version, about, after_help = format!("{MAIN_HELP}\n{EXIT_AND_ENV}"))]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -34,9 +92,11 @@ enum Command {
 #[derive(Debug, Subcommand)]
 enum DlqCommand {
     /// List every dead letter in the pipeline's sinks (works while the pipeline runs).
+    #[command(after_help = format!("{DLQ_LIST_HELP}\n{EXIT_AND_ENV}"))]
     List(DlqListArgs),
     /// Apply dead letters again once the sink is fixed, and remove those that applied. Each
     /// key's dead letters replay together, in order. Refused while the pipeline runs.
+    #[command(after_help = format!("{DLQ_REPLAY_HELP}\n{EXIT_AND_ENV}"))]
     Replay(DlqReplayArgs),
 }
 
@@ -66,6 +126,7 @@ struct DlqReplayArgs {
 #[derive(Debug, Subcommand)]
 enum TransformCommand {
     /// Run a transform over sample changes (JSON lines) and print what comes out.
+    #[command(after_help = format!("{TRANSFORM_TEST_HELP}\n{EXIT_AND_ENV}"))]
     Test(TransformTestArgs),
 }
 
@@ -97,8 +158,10 @@ struct TransformTestArgs {
 #[derive(Debug, Subcommand)]
 enum PipelineCommand {
     /// Validate, then run a pipeline until Ctrl-C or SIGTERM (then drain and exit 0).
+    #[command(after_help = format!("{APPLY_HELP}\n{EXIT_AND_ENV}"))]
     Apply(ApplyArgs),
-    /// Check a pipeline file without touching any database.
+    /// Check a pipeline file (and load its transforms) without touching any database.
+    #[command(after_help = format!("{VALIDATE_HELP}\n{EXIT_AND_ENV}"))]
     Validate(FileArgs),
 }
 
@@ -165,12 +228,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pipeline(PipelineCommand::Validate(args)) => {
             let pipeline = load(&args)?;
             config::check_transforms(&pipeline.routes)?;
+            let count =
+                |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
             println!(
-                "{}: pipeline {} is valid ({} connectors, {} routes)",
+                "{}: pipeline {} is valid ({}, {})",
                 args.file.display(),
                 pipeline.name,
-                pipeline.connectors.len(),
-                pipeline.routes.len()
+                count(pipeline.connectors.len(), "connector"),
+                count(pipeline.routes.len(), "route")
             );
             Ok(())
         }

@@ -1,362 +1,104 @@
-//! Connector entries: the `type` dispatch, each type's fields and defaults, and `secret_refs`.
+//! Connector entries: the `type` dispatch into each type's serde-derived settings
+//! (`postgres_source`, `sqlserver`, `mysql_sink`, `postgres_sink`), then what needs the whole
+//! entry: `secret_refs`, defaults that depend on the pipeline, and checks across list items.
 //!
-//! The operator-facing reference for every field here is `docs/connectors/` (one page per type);
-//! keep the two in step. Checks run in file-reading order and the first failure is returned:
-//! `name`, `type`, unknown keys, the `secret_refs` entries, then the type's fields in the order
-//! of [`PostgresSource`] / [`MysqlSink`] (a secret is resolved when its field is read).
-
-use std::collections::HashSet;
-use std::time::Duration;
-
-use serde_yaml::Value;
+//! The operator-facing reference for every field is `docs/connectors/` (one page per type);
+//! keep the two in step. The entry's `name` and `type` are checked first, then its fields in
+//! file order; the first failure is returned.
 
 use super::LoadOptions;
-use super::fields::{
-    Ctx, Fields, Result, boolean, duration, identifier, list, non_empty, port, positive, retries,
-};
-use super::locate::child_index;
-use super::model::{
-    Connector, ConnectorKind, MysqlSink, OnTableRecreate, PostgresSnapshot, PostgresSource,
-    SinkTuning,
-};
-use super::secrets::{SecretRef, secret_field, secret_refs};
-use super::transform::OnError;
+use super::deserializer::{DeError, from_node};
+use super::model::{Connector, ConnectorKind};
+use super::mysql_sink::MysqlSink;
+use super::postgres_sink::PostgresSink;
+use super::postgres_source::{self, PostgresSource};
+use super::sqlserver::{self, SqlServerSource};
+use super::tree::{Ctx, Node, Value, child_index, child_key};
+use super::values;
+use super::{ConfigError, secrets};
 
-const SOURCE_POSTGRES: &str = "source/postgres";
-const SINK_MYSQL: &str = "sink/mysql";
 const KNOWN_TYPES: &str = "source/postgres, source/sqlserver, sink/mysql, sink/postgres";
 
-const POSTGRES_FIELDS: &[&str] = &[
-    "name",
-    "type",
-    "secret_refs",
-    "host",
-    "port",
-    "database",
-    "user",
-    "password",
-    "publication",
-    "slot_name",
-    "tables",
-    "connect_timeout",
-    "connect_retries",
-    "status_interval",
-    "receive_timeout",
-    "stream_in_progress",
-    "spill_dir",
-    "snapshot",
-    "snapshot_parallelism",
-    "snapshot_chunk_rows",
-    "slot_warn_bytes",
-    "heartbeat_interval",
-    "on_table_recreate",
-];
-
-const MYSQL_FIELDS: &[&str] = &[
-    "name",
-    "type",
-    "secret_refs",
-    "host",
-    "port",
-    "database",
-    "user",
-    "password",
-    "create_tables",
-    "lanes",
-    "batch_size",
-    "max_wait",
-    "queue_capacity",
-    "connect_timeout",
-    "statement_timeout",
-    "sink_outage_timeout",
-    "on_error",
-    "dead_letter_table",
-];
-
-/// Fields that may come from `secret_refs`, the same for both types for now.
-const SECRET_FIELDS: &[&str] = &["password"];
-
-/// Reads `connectors[i]`. `pipeline` is the pipeline name (the MySQL `database` default).
+/// Reads `connectors[i]` (`node`). `pipeline` is the pipeline name (the MySQL `database` and
+/// the spill directory defaults).
 pub(crate) fn parse_connector(
     ctx: &Ctx<'_>,
-    value: &Value,
-    path: &str,
+    node: &Node,
     opts: &LoadOptions,
     pipeline: &str,
-) -> Result<Connector> {
-    let f = Fields::new(ctx, value, path, "a connector")?;
-    let name = f.required("name", &identifier)?;
-    let type_name = f.required("type", &non_empty)?;
+) -> Result<Connector, ConfigError> {
+    if !matches!(node.value, Value::Map(_)) {
+        return Err(ctx.err(
+            &node.path,
+            format!(
+                "expected a connector (a mapping), found {}",
+                node.value.kind()
+            ),
+        ));
+    }
+    let name = field(ctx, node, "name", values::identifier)?;
+    let type_name = field(ctx, node, "type", values::non_empty)?;
+    let file = ctx.file;
     let kind = match type_name.as_str() {
-        SOURCE_POSTGRES => {
-            f.deny_unknown(POSTGRES_FIELDS)?;
-            let refs = secret_refs(&f, SOURCE_POSTGRES, SECRET_FIELDS)?;
-            ConnectorKind::PostgresSource(postgres(&f, &refs, opts)?)
+        "source/postgres" => {
+            let mut c: PostgresSource = from_node(file, node)?;
+            if c.spill_dir.as_os_str().is_empty() {
+                c.spill_dir = PostgresSource::default_spill_dir(pipeline, &c.slot_name);
+            }
+            if let Some(tables) = &c.tables
+                && let Some((i, message)) = postgres_source::repeated_table(tables)
+            {
+                let tables_path = child_key(&node.path, "tables");
+                return Err(ctx.err(&child_index(&tables_path, i), message));
+            }
+            ConnectorKind::PostgresSource(c)
         }
-        SINK_MYSQL => {
-            f.deny_unknown(MYSQL_FIELDS)?;
-            let refs = secret_refs(&f, SINK_MYSQL, SECRET_FIELDS)?;
-            ConnectorKind::MysqlSink(mysql(&f, &refs, opts, pipeline)?)
+        "sink/mysql" => {
+            let mut c: MysqlSink = from_node(file, node)?;
+            if c.database.is_empty() {
+                c.database = pipeline.to_owned();
+            }
+            ConnectorKind::MysqlSink(c)
         }
-        super::postgres_sink::TYPE => {
-            f.deny_unknown(super::postgres_sink::FIELDS)?;
-            let refs = secret_refs(&f, super::postgres_sink::TYPE, SECRET_FIELDS)?;
-            ConnectorKind::PostgresSink(super::postgres_sink::parse(&f, &refs, opts)?)
-        }
-        super::sqlserver::TYPE => {
-            f.deny_unknown(super::sqlserver::FIELDS)?;
-            let refs = secret_refs(&f, super::sqlserver::TYPE, SECRET_FIELDS)?;
-            ConnectorKind::SqlServerSource(super::sqlserver::parse(&f, &refs, opts)?)
+        "sink/postgres" => ConnectorKind::PostgresSink(from_node::<PostgresSink>(file, node)?),
+        "source/sqlserver" => {
+            let c: SqlServerSource = from_node(file, node)?;
+            if let Some((i, message)) = sqlserver::repeated_table(&c.tables) {
+                let tables_path = child_key(&node.path, "tables");
+                return Err(ctx.err(&child_index(&tables_path, i), message));
+            }
+            ConnectorKind::SqlServerSource(c)
         }
         other => {
             return Err(ctx.err(
-                &f.field_path("type"),
+                &child_key(&node.path, "type"),
                 format!("unknown connector type `{other}`; known types: {KNOWN_TYPES}"),
             ));
         }
     };
-    Ok(Connector { name, kind })
+    let mut connector = Connector { name, kind };
+    secrets::resolve_refs(ctx, &node.path, &mut connector, opts)?;
+    Ok(connector)
 }
 
-fn postgres(f: &Fields<'_>, refs: &[SecretRef], opts: &LoadOptions) -> Result<PostgresSource> {
-    Ok(PostgresSource {
-        host: f.required("host", &non_empty)?,
-        port: f.optional("port", &port)?.unwrap_or(5432),
-        database: f.required("database", &non_empty)?,
-        user: f.required("user", &non_empty)?,
-        password: secret_field(f, "password", refs, opts)?,
-        publication: f.required("publication", &publication)?,
-        slot_name: f.required("slot_name", &slot_name)?,
-        tables: f.optional("tables", &tables)?,
-        connect_timeout: f
-            .optional("connect_timeout", &duration)?
-            .unwrap_or(Duration::from_secs(10)),
-        connect_retries: f.optional("connect_retries", &retries)?.unwrap_or(5),
-        status_interval: f
-            .optional("status_interval", &duration)?
-            .unwrap_or(Duration::from_secs(10)),
-        receive_timeout: f
-            .optional("receive_timeout", &duration)?
-            .unwrap_or(Duration::from_secs(60)),
-        stream_in_progress: f.optional("stream_in_progress", &boolean)?.unwrap_or(true),
-        spill_dir: f
-            .optional("spill_dir", &non_empty)?
-            .map(std::path::PathBuf::from),
-        snapshot: f
-            .optional("snapshot", &postgres_snapshot)?
-            .unwrap_or(PostgresSnapshot::Initial),
-        snapshot_parallelism: f
-            .optional("snapshot_parallelism", &positive::<u32>(64))?
-            .unwrap_or(2),
-        snapshot_chunk_rows: f
-            .optional("snapshot_chunk_rows", &positive::<u64>(COUNT_MAX))?
-            .unwrap_or(50_000),
-        slot_warn_bytes: f
-            .optional("slot_warn_bytes", &super::transform::size)?
-            .unwrap_or(1 << 30),
-        heartbeat_interval: f.optional("heartbeat_interval", &duration)?,
-        on_table_recreate: f
-            .optional("on_table_recreate", &on_table_recreate)?
-            .unwrap_or(OnTableRecreate::Stop),
-    })
-}
-
-fn on_table_recreate(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<OnTableRecreate> {
-    match non_empty(ctx, path, value)?.as_str() {
-        "stop" => Ok(OnTableRecreate::Stop),
-        "resnapshot" => Ok(OnTableRecreate::Resnapshot),
-        other => Err(ctx.err(
-            path,
-            format!("unknown policy `{other}`; expected `stop` or `resnapshot`"),
-        )),
+/// A required field of `node`, read by `read` (one of the `values` readers) and located.
+pub(crate) fn field<'n, T>(
+    ctx: &Ctx<'_>,
+    node: &'n Node,
+    key: &str,
+    read: fn(&'n Node) -> Result<T, DeError>,
+) -> Result<T, ConfigError> {
+    match node.get(key) {
+        Some(child) => read(child).map_err(|e| e.at(child).into_config(ctx.file)),
+        None => Err(ctx.err(&child_key(&node.path, key), "required field is missing")),
     }
-}
-
-fn postgres_snapshot(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<PostgresSnapshot> {
-    match non_empty(ctx, path, value)?.as_str() {
-        "initial" => Ok(PostgresSnapshot::Initial),
-        "never" => Ok(PostgresSnapshot::Never),
-        "when_needed" => Ok(PostgresSnapshot::WhenNeeded),
-        other => Err(ctx.err(
-            path,
-            format!(
-                "unknown snapshot mode `{other}`; expected `initial`, `never` or `when_needed`"
-            ),
-        )),
-    }
-}
-
-fn mysql(
-    f: &Fields<'_>,
-    refs: &[SecretRef],
-    opts: &LoadOptions,
-    pipeline: &str,
-) -> Result<MysqlSink> {
-    Ok(MysqlSink {
-        host: f
-            .optional("host", &non_empty)?
-            .unwrap_or_else(|| "127.0.0.1".to_owned()),
-        port: f.optional("port", &port)?.unwrap_or(3306),
-        database: f
-            .optional("database", &mysql_database)?
-            .unwrap_or_else(|| pipeline.to_owned()),
-        user: f
-            .optional("user", &non_empty)?
-            .unwrap_or_else(|| "root".to_owned()),
-        password: secret_field(f, "password", refs, opts)?,
-        create_tables: f.optional("create_tables", &boolean)?.unwrap_or(false),
-        tuning: sink_tuning(f)?,
-    })
-}
-
-/// The lane fields of any sink type.
-pub(super) fn sink_tuning(f: &Fields<'_>) -> Result<SinkTuning> {
-    Ok(SinkTuning {
-        lanes: f.optional("lanes", &positive::<u32>(256))?.unwrap_or(4),
-        batch_size: f
-            .optional("batch_size", &positive::<usize>(COUNT_MAX))?
-            .unwrap_or(1000),
-        max_wait: f
-            .optional("max_wait", &duration)?
-            .unwrap_or(Duration::from_millis(20)),
-        queue_capacity: f
-            .optional("queue_capacity", &positive::<usize>(COUNT_MAX))?
-            .unwrap_or(4096),
-        connect_timeout: f
-            .optional("connect_timeout", &duration)?
-            .unwrap_or(Duration::from_secs(10)),
-        statement_timeout: f
-            .optional("statement_timeout", &duration)?
-            .unwrap_or(Duration::from_secs(60)),
-        outage_timeout: f
-            .optional("sink_outage_timeout", &duration)?
-            .unwrap_or(Duration::from_secs(300)),
-        on_error: f
-            .optional("on_error", &sink_on_error)?
-            .unwrap_or(OnError::Halt),
-        dead_letter_table: f
-            .optional("dead_letter_table", &table_name)?
-            .unwrap_or_else(|| DEAD_LETTER_TABLE.to_owned()),
-    })
-}
-
-/// The default `dead_letter_table`.
-pub(crate) const DEAD_LETTER_TABLE: &str = "_zipline_dead_letters";
-
-fn sink_on_error(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<OnError> {
-    match non_empty(ctx, path, value)?.as_str() {
-        "halt" => Ok(OnError::Halt),
-        "skip" => Ok(OnError::Skip),
-        "dead_letter" => Ok(OnError::DeadLetter),
-        other => Err(ctx.err(
-            path,
-            format!("unknown policy `{other}`; expected halt, skip or dead_letter"),
-        )),
-    }
-}
-
-/// A table name both MySQL (64 characters) and PostgreSQL (63 bytes) take as written.
-fn table_name(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
-    let s = non_empty(ctx, path, value)?;
-    let plain = s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        && !s.starts_with(|c: char| c.is_ascii_digit());
-    if !plain || s.len() > PG_NAME_MAX {
-        return Err(ctx.err(
-            path,
-            format!(
-                "invalid table name `{s}`: use letters, digits and underscores (not first), at \
-                 most {PG_NAME_MAX} characters"
-            ),
-        ));
-    }
-    Ok(s)
-}
-
-/// Upper bound for batch and queue sizes: far above any sane value, and fits `usize` on
-/// 32-bit targets.
-const COUNT_MAX: u64 = u32::MAX as u64;
-
-/// PostgreSQL names are at most NAMEDATALEN - 1 = 63 bytes; longer ones are truncated by the
-/// server, which would make Zipline address a different object than configured.
-const PG_NAME_MAX: usize = 63;
-
-fn publication(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
-    let s = non_empty(ctx, path, value)?;
-    if s.len() > PG_NAME_MAX {
-        return Err(ctx.err(
-            path,
-            format!(
-                "publication name is {} bytes; PostgreSQL names are at most {PG_NAME_MAX} bytes",
-                s.len()
-            ),
-        ));
-    }
-    Ok(s)
-}
-
-fn slot_name(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
-    let s = non_empty(ctx, path, value)?;
-    let valid_chars = s
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-    if !valid_chars || s.len() > PG_NAME_MAX {
-        return Err(ctx.err(
-            path,
-            format!(
-                "invalid replication slot name `{s}`: PostgreSQL allows only lower-case letters, \
-                 digits and underscores, at most {PG_NAME_MAX} characters"
-            ),
-        ));
-    }
-    Ok(s)
-}
-
-/// `tables: [orders, sales.items]` → `["public.orders", "sales.items"]`.
-fn tables(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<Vec<String>> {
-    let items = list(ctx, path, value)?;
-    if items.is_empty() {
-        return Err(ctx.err(
-            path,
-            "empty table list; omit `tables` to replicate every table in the publication",
-        ));
-    }
-    let mut seen = HashSet::new();
-    let mut out = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let item_path = child_index(path, i);
-        let name = non_empty(ctx, &item_path, item)?;
-        let parts: Vec<&str> = name.split('.').collect();
-        let qualified = match parts.as_slice() {
-            [table] if !table.trim().is_empty() => format!("public.{table}"),
-            [schema, table] if !schema.trim().is_empty() && !table.trim().is_empty() => {
-                name.clone()
-            }
-            _ => {
-                return Err(ctx.err(
-                    &item_path,
-                    format!("invalid table `{name}`: expected `schema.table` or `table`"),
-                ));
-            }
-        };
-        if !seen.insert(qualified.clone()) {
-            return Err(ctx.err(&item_path, format!("table `{qualified}` is listed twice")));
-        }
-        out.push(qualified);
-    }
-    Ok(out)
-}
-
-fn mysql_database(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
-    let s = non_empty(ctx, path, value)?;
-    if s.chars().count() > 64 {
-        return Err(ctx.err(path, "MySQL database names are at most 64 characters"));
-    }
-    Ok(s)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{LoadOptions, load_str};
+    use std::time::Duration;
+
+    use super::super::{LoadOptions, OnError, PostgresSnapshot, load_str};
     use super::*;
 
     const BASE: &str = "\
@@ -425,19 +167,14 @@ connectors:
         assert_eq!(k.database, "orders");
         assert!(k.password.is_none());
         assert_eq!(
-            (
-                k.tuning.lanes,
-                k.tuning.batch_size,
-                k.tuning.queue_capacity,
-                k.tuning.on_error
-            ),
+            (k.lanes, k.batch_size, k.queue_capacity, k.on_error),
             (4, 1000, 4096, OnError::Halt)
         );
-        assert_eq!(k.tuning.max_wait, Duration::from_millis(20));
-        assert_eq!(k.tuning.connect_timeout, Duration::from_secs(10));
-        assert_eq!(k.tuning.dead_letter_table, "_zipline_dead_letters");
-        assert_eq!(k.tuning.outage_timeout, Duration::from_secs(300));
-        assert_eq!(k.tuning.statement_timeout, Duration::from_secs(60));
+        assert_eq!(k.max_wait, Duration::from_millis(20));
+        assert_eq!(k.connect_timeout, Duration::from_secs(10));
+        assert_eq!(k.dead_letter_table, "_zipline_dead_letters");
+        assert_eq!(k.outage_timeout, Duration::from_secs(300));
+        assert_eq!(k.statement_timeout, Duration::from_secs(60));
     }
 
     #[test]
@@ -517,19 +254,14 @@ routes:
         assert_eq!((k.database.as_str(), k.user.as_str()), ("target", "writer"));
         assert_eq!(k.password.as_ref().unwrap().expose(), "m-secret");
         assert_eq!(
-            (
-                k.tuning.lanes,
-                k.tuning.batch_size,
-                k.tuning.queue_capacity,
-                k.tuning.on_error
-            ),
+            (k.lanes, k.batch_size, k.queue_capacity, k.on_error),
             (256, 50, 100, OnError::DeadLetter)
         );
-        assert_eq!(k.tuning.max_wait, Duration::from_millis(5));
-        assert_eq!(k.tuning.connect_timeout, Duration::from_secs(60));
-        assert_eq!(k.tuning.dead_letter_table, "my_dead");
-        assert_eq!(k.tuning.outage_timeout, Duration::from_secs(120));
-        assert_eq!(k.tuning.statement_timeout, Duration::from_secs(15));
+        assert_eq!(k.max_wait, Duration::from_millis(5));
+        assert_eq!(k.connect_timeout, Duration::from_secs(60));
+        assert_eq!(k.dead_letter_table, "my_dead");
+        assert_eq!(k.outage_timeout, Duration::from_secs(120));
+        assert_eq!(k.statement_timeout, Duration::from_secs(15));
         let debug = format!("{p:?}");
         assert!(!debug.contains("m-secret") && !debug.contains("inline-pw"));
     }

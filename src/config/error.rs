@@ -38,7 +38,7 @@ impl ConfigError {
         }
     }
 
-    /// A YAML syntax error, located by serde_yaml (1-based line and column).
+    /// A YAML syntax error, located by the parser (1-based line and column).
     pub(crate) fn syntax(
         file: &str,
         line: Option<usize>,

@@ -12,43 +12,28 @@
 //! - Only string values are interpolated, never mapping keys; quoted numbers such as
 //!   `port: "${PORT}"` become numbers later, when the field's type is known.
 
-use serde_yaml::Value;
+use super::tree::{Node, Value};
 
-use super::locate::{child_index, child_key};
-
-/// Interpolates every string scalar in `value`; on failure returns the failing path and message.
+/// Interpolates every string scalar under `node`; on failure returns the failing node's path,
+/// its line and the message.
 pub(crate) fn interpolate_tree(
-    value: &mut Value,
-    path: &str,
+    node: &mut Node,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(), (String, String)> {
-    match value {
-        Value::String(s) => {
+) -> Result<(), (String, usize, String)> {
+    match &mut node.value {
+        Value::Str(s) => {
             if s.contains('$') {
-                *s = interpolate(s, env).map_err(|msg| (path.to_owned(), msg))?;
+                *s = interpolate(s, env).map_err(|msg| (node.path.clone(), node.line, msg))?;
             }
             Ok(())
         }
-        Value::Sequence(items) => items
+        Value::Seq(items) => items
             .iter_mut()
-            .enumerate()
-            .try_for_each(|(i, item)| interpolate_tree(item, &child_index(path, i), env)),
-        Value::Mapping(map) => map.iter_mut().try_for_each(|(key, item)| {
-            interpolate_tree(item, &child_key(path, &key_text(key)), env)
-        }),
-        Value::Tagged(tagged) => interpolate_tree(&mut tagged.value, path, env),
-        Value::Null | Value::Bool(_) | Value::Number(_) => Ok(()),
-    }
-}
-
-/// How a mapping key is spelled in a field path (matches what the line index records).
-pub(crate) fn key_text(key: &Value) -> String {
-    match key {
-        Value::String(s) => s.clone(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::Null => "~".to_owned(),
-        Value::Sequence(_) | Value::Mapping(_) | Value::Tagged(_) => "<complex key>".to_owned(),
+            .try_for_each(|item| interpolate_tree(item, env)),
+        Value::Map(entries) => entries
+            .iter_mut()
+            .try_for_each(|(_, item)| interpolate_tree(item, env)),
+        Value::Null | Value::Bool(_) | Value::Int(_) | Value::UInt(_) | Value::Float(_) => Ok(()),
     }
 }
 
@@ -199,15 +184,27 @@ mod tests {
 
     #[test]
     fn tree_paths_name_the_failing_scalar() {
-        let mut v: Value =
-            serde_yaml::from_str("a:\n  - x\n  - { b: \"${NOPE}\" }\nc: ${HOST}\n").unwrap();
-        let err = interpolate_tree(&mut v, "", &env).unwrap_err();
-        assert_eq!(err.0, "a[1].b");
-        assert_eq!(err.1, "environment variable NOPE is not set");
+        let text = "a:\n  - x\n  - { b: \"${NOPE}\" }\nc: ${HOST}\n";
+        let mut root = super::super::tree::parse("t.yaml", text).unwrap();
+        let err = interpolate_tree(&mut root, &env).unwrap_err();
+        assert_eq!(
+            err,
+            (
+                "a[1].b".to_owned(),
+                3,
+                "environment variable NOPE is not set".to_owned()
+            )
+        );
 
-        let mut v: Value = serde_yaml::from_str("c: ${HOST}\nn: 5\n").unwrap();
-        interpolate_tree(&mut v, "", &env).unwrap();
-        assert_eq!(v["c"], Value::String("db.internal".to_owned()));
-        assert_eq!(v["n"], Value::Number(5.into()));
+        let mut root = super::super::tree::parse("t.yaml", "c: ${HOST}\nn: 5\n").unwrap();
+        interpolate_tree(&mut root, &env).unwrap();
+        assert_eq!(
+            root.get("c").unwrap().value,
+            Value::Str("db.internal".to_owned())
+        );
+        assert!(matches!(
+            root.get("n").unwrap().value,
+            Value::Int(5) | Value::UInt(5)
+        ));
     }
 }

@@ -6,7 +6,14 @@
 
 use std::time::Duration;
 
-use super::secrets::Secret;
+use serde::{Deserialize, Deserializer};
+
+use super::mysql_sink::MysqlSink;
+use super::postgres_sink::PostgresSink;
+use super::postgres_source::PostgresSource;
+use super::secrets::{Secret, SecretRef};
+use super::sqlserver::SqlServerSource;
+use super::values;
 
 /// One pipeline: its connectors and how changes flow between them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,16 +36,33 @@ impl Pipeline {
 }
 
 /// Pipeline-wide settings (the optional top-level `settings:` map).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default, rename = "settings")]
 pub struct Settings {
     /// How often progress (frontier, lag, throughput) is logged. Default 5s.
+    #[serde(deserialize_with = "values::duration")]
     pub progress_interval: Duration,
     /// How old an instance's heartbeat in a sink's fence row must be before another instance
     /// takes the pipeline over (when the old one's session lingers). Default 30s; at least 3s.
+    #[serde(deserialize_with = "instance_lease")]
     pub instance_lease: Duration,
     /// Longest a graceful stop waits for the lanes to commit what they hold; then the
     /// pipeline exits non-zero, confirming only what is durable. Default 30s.
+    #[serde(deserialize_with = "values::duration")]
     pub drain_timeout: Duration,
+}
+
+/// A lease shorter than a few heartbeats would hand the pipeline over while its holder lives.
+fn instance_lease<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let min = Duration::from_secs(3);
+    let lease = values::duration(d)?;
+    if lease < min {
+        return Err(serde::de::Error::custom(format_args!(
+            "must be at least {}",
+            values::humantime_text(min)
+        )));
+    }
+    Ok(lease)
 }
 
 impl Default for Settings {
@@ -74,6 +98,18 @@ pub enum ConnectorKind {
 }
 
 impl ConnectorKind {
+    /// The connector's secret-capable settings: its type's name, its `secret_refs` and the
+    /// field they may fill (`password`, the only secret so far).
+    pub(crate) fn secret_slot(&mut self) -> (&'static str, &[SecretRef], &mut Option<Secret>) {
+        let type_name = self.type_name();
+        match self {
+            ConnectorKind::PostgresSource(c) => (type_name, &c.secret_refs, &mut c.password),
+            ConnectorKind::MysqlSink(c) => (type_name, &c.secret_refs, &mut c.password),
+            ConnectorKind::SqlServerSource(c) => (type_name, &c.secret_refs, &mut c.password),
+            ConnectorKind::PostgresSink(c) => (type_name, &c.secret_refs, &mut c.password),
+        }
+    }
+
     /// The YAML spelling of the type, e.g. `source/postgres`.
     pub fn type_name(&self) -> &'static str {
         match self {
@@ -101,209 +137,29 @@ impl ConnectorKind {
     }
 }
 
-/// `source/postgres`: PostgreSQL logical replication with the pgoutput plugin.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PostgresSource {
-    /// Server host name or address. Required.
-    pub host: String,
-    /// Server port. Default 5432.
-    pub port: u16,
-    /// Database to replicate. Required.
-    pub database: String,
-    /// Role with the REPLICATION attribute. Required.
-    pub user: String,
-    /// From `password:` or `secret_refs`; `None` for trust/peer authentication.
-    pub password: Option<Secret>,
-    /// Publication to subscribe to (must exist). Required; 1–63 bytes.
-    pub publication: String,
-    /// Logical replication slot (created if absent). Required; `[a-z0-9_]{1,63}`.
-    pub slot_name: String,
-    /// Tables to replicate, always schema-qualified (`table` is loaded as `public.table`);
-    /// `None` replicates every table in the publication.
-    pub tables: Option<Vec<String>>,
-    /// Time allowed for one connection attempt. Default 10s.
-    pub connect_timeout: Duration,
-    /// Further attempts after a failed connect before giving up. Default 5.
-    pub connect_retries: u32,
-    /// Period of standby status updates (feedback) to the server. Default 10s.
-    pub status_interval: Duration,
-    /// Silence from the server after which the replication connection counts as lost
-    /// (a network partition sends no reset). Default 60s.
-    pub receive_timeout: Duration,
-    /// Receive large transactions while they run (pgoutput protocol 2, PostgreSQL 14+),
-    /// spilled to `spill_dir` until they commit. Default true.
-    pub stream_in_progress: bool,
-    /// Directory for streamed transactions awaiting commit. Default: the system temporary
-    /// directory, `zipline-spill/<pipeline>-<slot>`.
-    pub spill_dir: Option<std::path::PathBuf>,
-    /// Copy the tables' existing rows when Zipline creates the slot. Default
-    /// [`PostgresSnapshot::Initial`].
-    pub snapshot: PostgresSnapshot,
-    /// Snapshot reader connections (and sink connections loading chunks). Default 2; 1–64.
-    pub snapshot_parallelism: u32,
-    /// Target rows per snapshot chunk (the unit of parallelism and of resuming). Default 50000.
-    pub snapshot_chunk_rows: u64,
-    /// Retained WAL above which the slot is reported with a WARN (`slot_warn_bytes`). Default
-    /// 1GiB.
-    pub slot_warn_bytes: u64,
-    /// How often to write a transactional logical message (`pg_logical_emit_message`), so a
-    /// slot on a database with no writes at all still advances (`heartbeat_interval`).
-    /// Default off.
-    pub heartbeat_interval: Option<Duration>,
-    /// What a table dropped and created again (or gone from the publication) does
-    /// (`on_table_recreate`). Default: stop.
-    pub on_table_recreate: OnTableRecreate,
-}
-
-/// `on_table_recreate:` of `source/postgres`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnTableRecreate {
-    /// `stop`: stop, naming the table and the choices.
-    Stop,
-    /// `resnapshot`: empty the table's sink tables, copy it again from a new snapshot, then
-    /// follow it.
-    Resnapshot,
-}
-
-/// `snapshot:` of `source/postgres`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PostgresSnapshot {
-    /// `initial`: when Zipline creates the slot, copy the tables' rows, then stream.
-    Initial,
-    /// `never`: stream only changes committed after the slot was created.
-    Never,
-    /// `when_needed`: as `initial`, and when the slot is gone or unusable, or a sink lost its
-    /// state, start over by itself: a new slot and a whole new snapshot (the sinks' tables are
-    /// emptied first). Without it those cases stop the pipeline with the remedy.
-    WhenNeeded,
-}
-
-/// `source/sqlserver`: SQL Server change data capture, polled from the change tables.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SqlServerSource {
-    /// Server host name or address. Required.
-    pub host: String,
-    /// Server port. Default 1433.
-    pub port: u16,
-    /// Database with CDC enabled. Required.
-    pub database: String,
-    /// SQL Server login. Required.
-    pub user: String,
-    /// From `password:` or `secret_refs`; `None` sends an empty password.
-    pub password: Option<Secret>,
-    /// Tables to replicate as `(schema, table)`; `table` alone is `dbo.table`. Required,
-    /// non-empty.
-    pub tables: Vec<(String, String)>,
-    /// Pause between polls of the change tables that found nothing new. Default 500ms.
-    pub poll_interval: Duration,
-    /// Encrypt the connection with TLS, failing if the server cannot. Default true.
-    pub encrypt: bool,
-    /// Accept the server certificate without validating it. Default false.
-    pub trust_server_certificate: bool,
-    /// Copy the existing rows before streaming when the sinks hold no position. Default
-    /// [`SqlServerSnapshot::Initial`].
-    pub snapshot: SqlServerSnapshot,
-    /// Time allowed for one connection attempt. Default 10s.
-    pub connect_timeout: Duration,
-    /// Further attempts after a failed connect before giving up. Default 5.
-    pub connect_retries: u32,
-}
-
-/// `snapshot:` of `source/sqlserver`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SqlServerSnapshot {
-    /// `initial`: copy the tables' rows, then stream.
-    Initial,
-    /// `never`: stream only changes committed after the first start.
-    Never,
-}
-
-/// The lane fields every sink type shares.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SinkTuning {
-    /// Number of parallel lanes (one connection each). Default 4; 1–256.
-    pub lanes: u32,
-    /// Most changes in one lane batch (one transaction). Default 1000.
-    pub batch_size: usize,
-    /// Longest a partial batch waits for more changes before it is written. Default 20ms.
-    pub max_wait: Duration,
-    /// Capacity of each lane's bounded queue, in changes. Default 4096.
-    pub queue_capacity: usize,
-    /// Time allowed for one connection attempt. Default 10s.
-    pub connect_timeout: Duration,
-    /// Longest one sink statement (or a batch's commit) may go without an answer before its
-    /// connection is presumed stalled: dropped, reconnected and the batch retried. Default 60s.
-    pub statement_timeout: Duration,
-    /// How long the sink may keep failing transiently (down, unreachable, stalled) while
-    /// lanes retry with capped backoff, before the pipeline stops (`sink_outage_timeout`).
-    /// Default 5m.
-    pub outage_timeout: Duration,
-    /// What a row the sink rejects for good (too long, a constraint, a type, a missing table)
-    /// does: halt (default), skip it, or write it to `dead_letter_table`.
-    pub on_error: super::OnError,
-    /// The dead-letter table in the sink (`on_error: dead_letter`). Default
-    /// `_zipline_dead_letters`.
-    pub dead_letter_table: String,
-}
-
-/// `sink/mysql`: MySQL or MariaDB, written by parallel keyed lanes with idempotent batches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MysqlSink {
-    /// Server host name or address. Default `127.0.0.1`.
-    pub host: String,
-    /// Server port. Default 3306.
-    pub port: u16,
-    /// Target database. Default: the pipeline name.
-    pub database: String,
-    /// User. Default `root`.
-    pub user: String,
-    /// From `password:` or `secret_refs`; `None` for no password.
-    pub password: Option<Secret>,
-    /// Create missing target tables from the source's columns (see `docs/types.md`).
-    /// Default false.
-    pub create_tables: bool,
-    /// How the sink's lanes batch, queue, connect and retry.
-    pub tuning: SinkTuning,
-}
-
-/// `sink/postgres`: PostgreSQL, written by parallel keyed lanes with idempotent batches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PostgresSink {
-    /// Server host name or address. Required.
-    pub host: String,
-    /// Server port. Default 5432.
-    pub port: u16,
-    /// Target database. Required; at most 63 bytes.
-    pub database: String,
-    /// User. Required.
-    pub user: String,
-    /// From `password:` or `secret_refs`; `None` for trust/peer authentication.
-    pub password: Option<Secret>,
-    /// Schema of every target table (and of the checkpoint table); `None`: each source
-    /// table's own schema (checkpoints in `public`).
-    pub schema: Option<String>,
-    /// Create missing target tables with the source's column types. Default false.
-    pub create_tables: bool,
-    /// How the sink's lanes batch, queue, connect and retry.
-    pub tuning: SinkTuning,
-}
-
 /// Changes of some of a source's tables go, through an optional transform, to every listed
 /// sink.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename = "a route `{ from, to }`")]
 pub struct Route {
     /// A source connector's name.
+    #[serde(deserialize_with = "values::non_empty")]
     pub from: String,
     /// Sink connector names; non-empty, no duplicates, none fed by another route.
+    #[serde(deserialize_with = "super::routes::sink_names")]
     pub to: Vec<String>,
-    /// The WebAssembly transform changes pass through before the lanes (`transform:`).
-    pub transform: Option<super::transform::TransformSpec>,
     /// The source tables it takes (`tables:`); `None`: every table no other route lists.
+    #[serde(default, deserialize_with = "super::routes::route_tables")]
     pub tables: Option<Vec<RouteTable>>,
+    /// The WebAssembly transform changes pass through before the lanes (`transform:`).
+    #[serde(default)]
+    pub transform: Option<super::transform::TransformSpec>,
     /// Where the route is in the file (`file:line: routes[i]`), for messages.
+    #[serde(skip)]
     pub at: String,
     /// Where its transform's `module` and `config` are, for errors found when the module is
     /// compiled (a step of its own: loading a file never compiles WebAssembly).
+    #[serde(skip)]
     pub transform_at: Option<(Location, Location)>,
 }
 
@@ -334,40 +190,55 @@ pub struct RouteTable {
     pub at: String,
 }
 
+/// The name only: where it is written is filled in by the route checks.
+impl<'de> Deserialize<'de> for RouteTable {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(RouteTable {
+            name: values::non_empty(d)?,
+            at: String::new(),
+        })
+    }
+}
+
+/// The lane settings every sink type has (`lanes`, `batch_size`, ... `dead_letter_table`),
+/// as the runtime takes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkTuning {
+    /// Number of parallel lanes (one connection each). Default 4; 1–256.
+    pub lanes: u32,
+    /// Most changes in one lane batch (one transaction). Default 1000.
+    pub batch_size: usize,
+    /// Longest a partial batch waits for more changes before it is written. Default 20ms.
+    pub max_wait: Duration,
+    /// Capacity of each lane's bounded queue, in changes. Default 4096.
+    pub queue_capacity: usize,
+    /// Longest one sink statement (or a batch's commit) may go without an answer before its
+    /// connection is presumed stalled: dropped, reconnected and the batch retried. Default 60s.
+    pub statement_timeout: Duration,
+    /// How long the sink may keep failing transiently (down, unreachable, stalled) while
+    /// lanes retry with capped backoff, before the pipeline stops (`sink_outage_timeout`).
+    /// Default 5m.
+    pub outage_timeout: Duration,
+    /// What a row the sink rejects for good (too long, a constraint, a type, a missing table)
+    /// does: halt (default), skip it, or write it to `dead_letter_table`.
+    pub on_error: super::OnError,
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::{LoadOptions, load_str};
     use super::*;
 
     #[test]
     fn connector_lookup_and_kind_helpers() {
-        let sink = MysqlSink {
-            host: "h".into(),
-            port: 3306,
-            database: "d".into(),
-            user: "u".into(),
-            password: Some(Secret::new("pw-value")),
-            create_tables: false,
-            tuning: SinkTuning {
-                lanes: 4,
-                batch_size: 1000,
-                max_wait: Duration::from_millis(20),
-                queue_capacity: 4096,
-                connect_timeout: Duration::from_secs(10),
-                statement_timeout: Duration::from_secs(60),
-                outage_timeout: Duration::from_secs(300),
-                on_error: crate::config::OnError::Halt,
-                dead_letter_table: "_zipline_dead_letters".into(),
-            },
+        let opts = LoadOptions {
+            secrets_dir: None,
+            env: Box::new(|_| None),
         };
-        let p = Pipeline {
-            name: "p".into(),
-            connectors: vec![Connector {
-                name: "out".into(),
-                kind: ConnectorKind::MysqlSink(sink),
-            }],
-            routes: vec![],
-            settings: Settings::default(),
-        };
+        let text = "name: p\nconnectors:\n  - name: src\n    type: source/postgres\n    host: h\n    \
+                    database: d\n    user: u\n    publication: p\n    slot_name: s\n  - name: out\n    \
+                    type: sink/mysql\n    password: pw-value\nroutes:\n  - from: src\n    to: [out]\n";
+        let p = load_str("p.yaml", text, &opts).unwrap();
         let c = p.connector("out").unwrap();
         assert!(c.kind.is_sink() && !c.kind.is_source());
         assert_eq!(c.kind.type_name(), "sink/mysql");

@@ -1,82 +1,140 @@
-//! The `sink/postgres` connector's fields, defaults and checks (operator reference:
-//! `docs/connectors/postgres-sink.md`). Fields are read in the order of [`PostgresSink`]; the
-//! first failure is returned.
+//! `sink/postgres`: the connector's settings, defaults and checks (operator reference:
+//! `docs/connectors/postgres-sink.md`). The sink takes this type as it is loaded.
 
-use serde_yaml::Value;
+use std::time::Duration;
 
-use super::LoadOptions;
-use super::fields::{Ctx, Fields, Result, boolean, non_empty, port};
-use super::model::PostgresSink;
-use super::secrets::{SecretRef, secret_field};
+use serde::Deserialize;
+use serde::de::{Deserializer, Error as _};
 
-/// The `type` value.
-pub(crate) const TYPE: &str = "sink/postgres";
+use super::model::SinkTuning;
+use super::mysql_sink::{dead_letter_table, dead_letter_table_default, lanes};
+use super::secrets::{Secret, SecretRef};
+use super::transform::OnError;
+use super::values::PG_NAME_MAX;
+use super::{defaults, values};
 
-/// Every key a `sink/postgres` entry may have.
-pub(crate) const FIELDS: &[&str] = &[
-    "name",
-    "type",
-    "secret_refs",
-    "host",
-    "port",
-    "database",
-    "user",
-    "password",
-    "schema",
-    "create_tables",
-    "lanes",
-    "batch_size",
-    "max_wait",
-    "queue_capacity",
-    "connect_timeout",
-    "statement_timeout",
-    "sink_outage_timeout",
-    "on_error",
-    "dead_letter_table",
-];
+/// `sink/postgres`: PostgreSQL, written by parallel keyed lanes with idempotent batches.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename = "a connector")]
+pub struct PostgresSink {
+    /// The connector's name, for logs, errors and checkpoint keys.
+    #[serde(deserialize_with = "values::identifier")]
+    pub name: String,
+    /// The connector type as written (`sink/postgres`).
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// Where secret-capable fields come from instead (resolved into them at load).
+    #[serde(default)]
+    pub secret_refs: Vec<SecretRef>,
+    /// Server host name or address. Required.
+    #[serde(deserialize_with = "values::non_empty")]
+    pub host: String,
+    /// Server port. Default 5432.
+    #[serde(default = "defaults::u16_::<5432>", deserialize_with = "values::port")]
+    pub port: u16,
+    /// Target database. Required; at most 63 bytes.
+    #[serde(deserialize_with = "pg_name")]
+    pub database: String,
+    /// User. Required.
+    #[serde(deserialize_with = "values::non_empty")]
+    pub user: String,
+    /// From `password:` or `secret_refs`; `None` for trust/peer authentication.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Schema of every target table (and of the checkpoint table); `None`: each source
+    /// table's own schema (checkpoints in `public`).
+    #[serde(default, deserialize_with = "some_pg_name")]
+    pub schema: Option<String>,
+    /// Create missing target tables with the source's column types. Default false.
+    #[serde(default, deserialize_with = "values::boolean")]
+    pub create_tables: bool,
+    /// Number of parallel lanes (one connection each). Default 4; 1–256.
+    #[serde(default = "defaults::u32_::<4>", deserialize_with = "lanes")]
+    pub lanes: u32,
+    /// Most changes in one lane batch (one transaction). Default 1000.
+    #[serde(
+        default = "defaults::usize_::<1000>",
+        deserialize_with = "values::count_usize"
+    )]
+    pub batch_size: usize,
+    /// Longest a partial batch waits for more changes before it is written. Default 20ms.
+    #[serde(
+        default = "defaults::millis::<20>",
+        deserialize_with = "values::duration"
+    )]
+    pub max_wait: Duration,
+    /// Capacity of each lane's bounded queue, in changes. Default 4096.
+    #[serde(
+        default = "defaults::usize_::<4096>",
+        deserialize_with = "values::count_usize"
+    )]
+    pub queue_capacity: usize,
+    /// Time allowed for opening a connection. Default 10s.
+    #[serde(
+        default = "defaults::secs::<10>",
+        deserialize_with = "values::duration"
+    )]
+    pub connect_timeout: Duration,
+    /// See [`SinkTuning::statement_timeout`]. Default 60s.
+    #[serde(
+        default = "defaults::secs::<60>",
+        deserialize_with = "values::duration"
+    )]
+    pub statement_timeout: Duration,
+    /// See [`SinkTuning::outage_timeout`]. Default 5m.
+    #[serde(
+        rename = "sink_outage_timeout",
+        default = "defaults::secs::<300>",
+        deserialize_with = "values::duration"
+    )]
+    pub outage_timeout: Duration,
+    /// What a row the sink rejects for good does. Default halt.
+    #[serde(default)]
+    pub on_error: OnError,
+    /// The dead-letter table, in the checkpoint schema (`on_error: dead_letter`; read by
+    /// `zipline dlq`). Default `_zipline_dead_letters`.
+    #[serde(
+        default = "dead_letter_table_default",
+        deserialize_with = "dead_letter_table"
+    )]
+    pub dead_letter_table: String,
+}
 
-/// PostgreSQL names are at most NAMEDATALEN - 1 = 63 bytes; the server truncates longer ones,
-/// which would make Zipline address a different object than configured.
-const NAME_MAX: usize = 63;
-
-/// Reads the type's fields (after `name`, `type`, unknown keys and `secret_refs`).
-pub(crate) fn parse(
-    f: &Fields<'_>,
-    refs: &[SecretRef],
-    opts: &LoadOptions,
-) -> Result<PostgresSink> {
-    Ok(PostgresSink {
-        host: f.required("host", &non_empty)?,
-        port: f.optional("port", &port)?.unwrap_or(5432),
-        database: f.required("database", &pg_name)?,
-        user: f.required("user", &non_empty)?,
-        password: secret_field(f, "password", refs, opts)?,
-        schema: f.optional("schema", &pg_name)?,
-        create_tables: f.optional("create_tables", &boolean)?.unwrap_or(false),
-        tuning: super::connectors::sink_tuning(f)?,
-    })
+impl PostgresSink {
+    /// How the sink's lanes batch, queue and retry.
+    pub fn tuning(&self) -> SinkTuning {
+        SinkTuning {
+            lanes: self.lanes,
+            batch_size: self.batch_size,
+            max_wait: self.max_wait,
+            queue_capacity: self.queue_capacity,
+            statement_timeout: self.statement_timeout,
+            outage_timeout: self.outage_timeout,
+            on_error: self.on_error,
+        }
+    }
 }
 
 /// A database or schema name.
-fn pg_name(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
-    let s = non_empty(ctx, path, value)?;
-    if s.len() > NAME_MAX {
-        return Err(ctx.err(
-            path,
-            format!(
-                "name is {} bytes; PostgreSQL names are at most {NAME_MAX} bytes",
-                s.len()
-            ),
-        ));
+fn pg_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = values::non_empty(d)?;
+    if s.len() > PG_NAME_MAX {
+        return Err(D::Error::custom(format_args!(
+            "name is {} bytes; PostgreSQL names are at most {PG_NAME_MAX} bytes",
+            s.len()
+        )));
     }
     Ok(s)
+}
+
+fn some_pg_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    pg_name(d).map(Some)
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::{ConnectorKind, LoadOptions, OnError, Pipeline, load_str};
     use super::*;
-    use std::time::Duration;
 
     const HEAD: &str = "\
 name: orders
@@ -135,16 +193,11 @@ connectors:
         );
         assert!(k.password.is_none() && k.schema.is_none() && !k.create_tables);
         assert_eq!(
-            (
-                k.tuning.lanes,
-                k.tuning.batch_size,
-                k.tuning.queue_capacity,
-                k.tuning.on_error
-            ),
+            (k.lanes, k.batch_size, k.queue_capacity, k.on_error),
             (4, 1000, 4096, OnError::Halt)
         );
-        assert_eq!(k.tuning.max_wait, Duration::from_millis(20));
-        assert_eq!(k.tuning.connect_timeout, Duration::from_secs(10));
+        assert_eq!(k.max_wait, Duration::from_millis(20));
+        assert_eq!(k.connect_timeout, Duration::from_secs(10));
     }
 
     #[test]
@@ -172,17 +225,12 @@ connectors:
         assert_eq!(k.schema.as_deref(), Some("mirror"));
         assert!(k.create_tables);
         assert_eq!(
-            (
-                k.tuning.lanes,
-                k.tuning.batch_size,
-                k.tuning.queue_capacity,
-                k.tuning.on_error
-            ),
+            (k.lanes, k.batch_size, k.queue_capacity, k.on_error),
             (8, 500, 100, OnError::Skip)
         );
-        assert_eq!(k.tuning.max_wait, Duration::from_millis(5));
-        assert_eq!(k.tuning.outage_timeout, Duration::from_secs(90));
-        assert_eq!(k.tuning.connect_timeout, Duration::from_secs(3));
+        assert_eq!(k.max_wait, Duration::from_millis(5));
+        assert_eq!(k.outage_timeout, Duration::from_secs(90));
+        assert_eq!(k.connect_timeout, Duration::from_secs(3));
         let debug = format!("{p:?}");
         assert!(!debug.contains("s3cret"), "{debug}");
     }
@@ -213,17 +261,19 @@ connectors:
             ),
             (
                 format!("{REQUIRED}    slot_name: x\n"),
-                format!(
-                    "p.yaml:15: connectors[1].slot_name: unknown field `slot_name`; expected one \
-                     of: {}",
-                    FIELDS.join(", ")
-                ),
+                "p.yaml:15: connectors[1].slot_name: unknown field `slot_name`; expected one \
+                 of: name, type, secret_refs, host, port, database, user, password, schema, \
+                 create_tables, lanes, batch_size, max_wait, queue_capacity, connect_timeout, \
+                 statement_timeout, sink_outage_timeout, on_error, dead_letter_table"
+                    .to_owned(),
             ),
             (
                 format!(
                     "{REQUIRED}    password: inline\n    secret_refs: [{{ field: password, ref: x }}]\n"
                 ),
-                "p.yaml:16: connectors[1].secret_refs[0].field".to_owned(),
+                "p.yaml:16: connectors[1].secret_refs[0].field: `password` is set both inline \
+                 (line 15) and by this secret ref; remove one"
+                    .to_owned(),
             ),
         ];
         for (fields, want) in &cases {

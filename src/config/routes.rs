@@ -9,43 +9,95 @@
 //! always a typo. Whether the listed tables exist is known only at start, when the source has
 //! been reached: the messages then point back here (`Route::at`, `RouteTable::at`).
 
-use serde_yaml::Value;
+use std::fmt;
 
-use super::fields::{Ctx, Fields, Result, kind, list, non_empty};
-use super::locate::child_index;
+use serde::Deserialize;
+use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
+
+use super::deserializer::from_node;
 use super::model::{Connector, Location, Route, RouteTable};
+use super::tree::{Ctx, Node, child_index, child_key};
+use super::{ConfigError, values};
 
-/// Reads and checks `routes` (at `path`) against the already-loaded connectors.
+type Result<T> = std::result::Result<T, ConfigError>;
+
+/// `to:` as written: a non-empty list of names (which must be sinks: checked with the
+/// connectors, in [`parse_routes`]).
+pub(crate) fn sink_names<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    struct Names;
+    impl<'de> Visitor<'de> for Names {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a list of sink names such as [mysql-out]")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> std::result::Result<Self::Value, A::Error> {
+            let mut names = Vec::new();
+            while let Some(SinkName(name)) = seq.next_element()? {
+                names.push(name);
+            }
+            Ok(names)
+        }
+    }
+    let names = d.deserialize_any(Names)?;
+    if names.is_empty() {
+        return Err(D::Error::custom("must list at least one sink"));
+    }
+    Ok(names)
+}
+
+struct SinkName(String);
+
+impl<'de> Deserialize<'de> for SinkName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        values::non_empty(d).map(SinkName)
+    }
+}
+
+/// `tables:` of a route: at least one name.
+pub(crate) fn route_tables<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Vec<RouteTable>>, D::Error> {
+    let tables = Vec::<RouteTable>::deserialize(d)?;
+    if tables.is_empty() {
+        return Err(D::Error::custom(
+            "must list at least one table (leave `tables` out to take every table no other \
+             route lists)",
+        ));
+    }
+    Ok(Some(tables))
+}
+
+/// Reads and checks `routes` (`node`) against the already-loaded connectors.
 pub(crate) fn parse_routes(
     ctx: &Ctx<'_>,
-    value: &Value,
-    path: &str,
+    node: &Node,
     connectors: &[Connector],
 ) -> Result<Vec<Route>> {
-    let items = list(ctx, path, value)?;
-    if items.is_empty() {
-        return Err(ctx.err(path, "at least one route is required"));
-    }
-    let mut routes: Vec<Route> = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
+    let path = node.path.as_str();
+    let mut routes: Vec<Route> = Vec::with_capacity(node.items().len());
+    for (i, item) in node.items().iter().enumerate() {
         let route_path = child_index(path, i);
-        let f = Fields::new(ctx, item, &route_path, "a route `{ from, to }`")?;
-        f.deny_unknown(&["from", "to", "tables", "transform"])?;
+        let mut route: Route = from_node(ctx.file, item)?;
 
-        let from = f.required("from", &non_empty)?;
-        let from_path = f.field_path("from");
-        let source = lookup(ctx, &from_path, &from, connectors)?;
+        let from_path = child_key(&route_path, "from");
+        let source = lookup(ctx, &from_path, &route.from, connectors)?;
         if !source.kind.is_source() {
             return Err(ctx.err(
                 &from_path,
                 format!(
-                    "`{from}` is a {} connector; `from` must name a source",
+                    "`{}` is a {} connector; `from` must name a source",
+                    route.from,
                     source.kind.type_name()
                 ),
             ));
         }
         if let Some(first) = routes.first()
-            && first.from != from
+            && first.from != route.from
         {
             return Err(ctx.err(
                 &from_path,
@@ -57,40 +109,43 @@ pub(crate) fn parse_routes(
             ));
         }
 
-        let to_path = f.field_path("to");
-        let to = match f.get("to") {
-            None => return Err(ctx.err(&to_path, "required field is missing")),
-            Some(v @ Value::Sequence(_)) => sinks(ctx, v, &to_path, connectors)?,
-            Some(other) => {
+        let to_path = child_key(&route_path, "to");
+        for (j, name) in route.to.iter().enumerate() {
+            let item_path = child_index(&to_path, j);
+            let sink = lookup(ctx, &item_path, name, connectors)?;
+            if !sink.kind.is_sink() {
                 return Err(ctx.err(
-                    &to_path,
+                    &item_path,
                     format!(
-                        "expected a list of sink names such as [mysql-out], found {}",
-                        kind(other)
+                        "`{name}` is a {} connector; `to` must name sinks",
+                        sink.kind.type_name()
                     ),
                 ));
             }
-        };
-        for (j, sink) in to.iter().enumerate() {
-            if let Some(k) = routes.iter().position(|r| r.to.contains(sink)) {
+            if route.to[..j].contains(name) {
+                return Err(ctx.err(&item_path, format!("sink `{name}` is listed twice")));
+            }
+            if let Some(k) = routes.iter().position(|r| r.to.contains(name)) {
                 let earlier = child_index(path, k);
                 return Err(ctx.err(
-                    &child_index(&to_path, j),
+                    &item_path,
                     format!(
-                        "sink `{sink}` is already fed by {earlier} (line {}); a sink takes one \
+                        "sink `{name}` is already fed by {earlier} (line {}); a sink takes one \
                          route",
                         ctx.line(&earlier)
                     ),
                 ));
             }
         }
-        let tables = match f.get("tables") {
-            None => None,
-            Some(v) => Some(tables(ctx, v, &f.field_path("tables"), &routes, path)?),
-        };
-        if tables.is_none()
-            && let Some(k) = routes.iter().position(|r| r.tables.is_none())
-        {
+        if let Some(tables) = &mut route.tables {
+            check_tables(
+                ctx,
+                tables,
+                &child_key(&route_path, "tables"),
+                &routes,
+                path,
+            )?;
+        } else if let Some(k) = routes.iter().position(|r| r.tables.is_none()) {
             let earlier = child_index(path, k);
             return Err(ctx.err(
                 &route_path,
@@ -101,17 +156,8 @@ pub(crate) fn parse_routes(
                 ),
             ));
         }
-        let transform = match f.get("transform") {
-            Some(v) => Some(super::transform::parse_transform(
-                ctx,
-                v,
-                &f.field_path("transform"),
-                &super::transform::base_dir(ctx.file),
-                &super::transform::file_stem(ctx.file),
-            )?),
-            None => None,
-        };
-        let transform_at = transform.as_ref().map(|_| {
+        if let Some(spec) = &mut route.transform {
+            super::transform::resolve_paths(spec, ctx.file);
             let at = |field: &str| {
                 let path = format!("{route_path}.transform.{field}");
                 Location {
@@ -120,16 +166,10 @@ pub(crate) fn parse_routes(
                     path,
                 }
             };
-            (at("module"), at("config"))
-        });
-        routes.push(Route {
-            from,
-            to,
-            transform,
-            tables,
-            at: format!("{}:{}: {route_path}", ctx.file, ctx.line(&route_path)),
-            transform_at,
-        });
+            route.transform_at = Some((at("module"), at("config")));
+        }
+        route.at = format!("{}:{}: {route_path}", ctx.file, ctx.line(&route_path));
+        routes.push(route);
     }
 
     for (i, c) in connectors.iter().enumerate() {
@@ -149,31 +189,22 @@ pub(crate) fn parse_routes(
     Ok(routes)
 }
 
-/// A route's `tables`: at least one name, none twice, none another route lists.
-fn tables(
+/// A route's `tables`: none twice, none another route lists; each learns where it is.
+fn check_tables(
     ctx: &Ctx<'_>,
-    value: &Value,
+    tables: &mut [RouteTable],
     path: &str,
     earlier: &[Route],
     routes_path: &str,
-) -> Result<Vec<RouteTable>> {
-    let items = list(ctx, path, value)?;
-    if items.is_empty() {
-        return Err(ctx.err(
-            path,
-            "must list at least one table (leave `tables` out to take every table no other \
-             route lists)",
-        ));
-    }
-    let mut out: Vec<RouteTable> = Vec::with_capacity(items.len());
-    for (j, item) in items.iter().enumerate() {
+) -> Result<()> {
+    for j in 0..tables.len() {
         let item_path = child_index(path, j);
-        let name = non_empty(ctx, &item_path, item)?;
-        if out.iter().any(|t| t.name == name) {
+        let name = &tables[j].name;
+        if tables[..j].iter().any(|t| t.name == *name) {
             return Err(ctx.err(&item_path, format!("table `{name}` is listed twice")));
         }
         for (k, route) in earlier.iter().enumerate() {
-            if route.tables.iter().flatten().any(|t| t.name == name) {
+            if route.tables.iter().flatten().any(|t| t.name == *name) {
                 let other = child_index(routes_path, k);
                 return Err(ctx.err(
                     &item_path,
@@ -185,45 +216,9 @@ fn tables(
                 ));
             }
         }
-        out.push(RouteTable {
-            at: format!("{}:{}: {item_path}", ctx.file, ctx.line(&item_path)),
-            name,
-        });
+        tables[j].at = format!("{}:{}: {item_path}", ctx.file, ctx.line(&item_path));
     }
-    Ok(out)
-}
-
-/// The `to` list: existing sinks, at least one, none twice.
-fn sinks(
-    ctx: &Ctx<'_>,
-    value: &Value,
-    path: &str,
-    connectors: &[Connector],
-) -> Result<Vec<String>> {
-    let items = list(ctx, path, value)?;
-    if items.is_empty() {
-        return Err(ctx.err(path, "must list at least one sink"));
-    }
-    let mut out: Vec<String> = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let item_path = child_index(path, i);
-        let name = non_empty(ctx, &item_path, item)?;
-        let sink = lookup(ctx, &item_path, &name, connectors)?;
-        if !sink.kind.is_sink() {
-            return Err(ctx.err(
-                &item_path,
-                format!(
-                    "`{name}` is a {} connector; `to` must name sinks",
-                    sink.kind.type_name()
-                ),
-            ));
-        }
-        if out.contains(&name) {
-            return Err(ctx.err(&item_path, format!("sink `{name}` is listed twice")));
-        }
-        out.push(name);
-    }
-    Ok(out)
+    Ok(())
 }
 
 fn lookup<'c>(

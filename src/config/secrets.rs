@@ -13,9 +13,11 @@ use std::fmt;
 use std::io::ErrorKind;
 use std::path::Path;
 
+use serde::{Deserialize, Deserializer};
+
 use super::LoadOptions;
-use super::fields::{Fields, Result as ConfigResult, list, string};
-use super::locate::child_index;
+use super::model::Connector;
+use super::tree::{Ctx, child_index, child_key};
 
 /// A secret value (a password). `Debug` and `Display` print `<redacted>`; call
 /// [`Secret::expose`] only where the value is handed to a driver.
@@ -37,6 +39,13 @@ impl Secret {
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("<redacted>")
+    }
+}
+
+/// Inline secrets (`password: ...`): a string, whose content no error ever shows.
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d).map(Secret)
     }
 }
 
@@ -121,88 +130,73 @@ pub(crate) fn resolve(
     }
 }
 
-/// One checked `secret_refs` entry, not yet resolved.
-pub(crate) struct SecretRef {
-    field: String,
-    reference: String,
-    /// Path of the entry, e.g. `connectors[0].secret_refs[0]`.
-    path: String,
+/// One `secret_refs` entry: which field it fills and the secret's name.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename = "a secret ref `{ field, ref }`")]
+pub struct SecretRef {
+    /// The secret-capable field it fills, e.g. `password`.
+    pub field: String,
+    /// The secret's name: `ZIPLINE_SECRET_<REF>` or `<secrets_dir>/<ref>`.
+    #[serde(rename = "ref")]
+    pub reference: String,
 }
 
-/// Reads and checks a connector's `secret_refs`; `allowed` are its secret-capable fields.
-pub(crate) fn secret_refs(
-    f: &Fields<'_>,
-    type_name: &str,
-    allowed: &[&str],
-) -> ConfigResult<Vec<SecretRef>> {
-    let ctx = f.ctx();
-    let Some(value) = f.get("secret_refs") else {
-        return Ok(Vec::new());
-    };
-    let path = f.field_path("secret_refs");
-    let mut refs: Vec<SecretRef> = Vec::new();
-    for (i, item) in list(ctx, &path, value)?.iter().enumerate() {
-        let entry_path = child_index(&path, i);
-        let e = Fields::new(ctx, item, &entry_path, "a secret ref `{ field, ref }`")?;
-        e.deny_unknown(&["field", "ref"])?;
-        let field = e.required("field", &string)?;
-        let field_path = e.field_path("field");
-        if !allowed.contains(&field.as_str()) {
-            return Err(ctx.err(
-                &field_path,
-                format!(
-                    "`{field}` cannot come from a secret in a {type_name} connector; \
-                     secret-capable fields: {}",
-                    allowed.join(", ")
-                ),
-            ));
-        }
-        if let Some(first) = refs.iter().find(|r| r.field == field) {
-            return Err(ctx.err(
-                &field_path,
-                format!(
-                    "`{field}` already comes from the secret ref at line {}",
-                    ctx.line(&first.path)
-                ),
-            ));
-        }
-        let reference = e.required("ref", &string)?;
-        check_ref(&reference).map_err(|msg| ctx.err(&e.field_path("ref"), msg))?;
-        refs.push(SecretRef {
-            field,
-            reference,
-            path: entry_path,
-        });
-    }
-    Ok(refs)
-}
+/// Fields that may come from `secret_refs`, the same for every type for now.
+const SECRET_FIELDS: &[&str] = &["password"];
 
-/// A secret-capable field: inline, from a secret ref, or absent — never both.
-pub(crate) fn secret_field(
-    f: &Fields<'_>,
-    key: &str,
-    refs: &[SecretRef],
+/// Checks `connectors[i]`'s `secret_refs` and resolves them into its secret field: inline,
+/// from a secret ref, or absent — never both.
+pub(crate) fn resolve_refs(
+    ctx: &Ctx<'_>,
+    path: &str,
+    connector: &mut Connector,
     opts: &LoadOptions,
-) -> ConfigResult<Option<Secret>> {
-    let ctx = f.ctx();
-    // `string` errors name only the value's type, so an inline secret never reaches a message.
-    let inline = f.optional(key, &string)?;
-    let Some(r) = refs.iter().find(|r| r.field == key) else {
-        return Ok(inline.map(Secret::new));
+) -> Result<(), super::ConfigError> {
+    let (type_name, refs, password) = connector.kind.secret_slot();
+    let refs_path = child_key(path, "secret_refs");
+    for (i, r) in refs.iter().enumerate() {
+        let entry = child_index(&refs_path, i);
+        let field_path = child_key(&entry, "field");
+        if !SECRET_FIELDS.contains(&r.field.as_str()) {
+            return Err(ctx.err(
+                &field_path,
+                format!(
+                    "`{}` cannot come from a secret in a {type_name} connector; \
+                     secret-capable fields: {}",
+                    r.field,
+                    SECRET_FIELDS.join(", ")
+                ),
+            ));
+        }
+        if let Some(first) = refs[..i].iter().position(|f| f.field == r.field) {
+            return Err(ctx.err(
+                &field_path,
+                format!(
+                    "`{}` already comes from the secret ref at line {}",
+                    r.field,
+                    ctx.line(&child_index(&refs_path, first))
+                ),
+            ));
+        }
+        check_ref(&r.reference).map_err(|msg| ctx.err(&child_key(&entry, "ref"), msg))?;
+    }
+    let Some(i) = refs.iter().position(|r| r.field == "password") else {
+        return Ok(());
     };
-    let field_path = format!("{}.field", r.path);
-    if inline.is_some() {
+    let entry = child_index(&refs_path, i);
+    if password.is_some() {
         return Err(ctx.err(
-            &field_path,
+            &child_key(&entry, "field"),
             format!(
-                "`{key}` is set both inline (line {}) and by this secret ref; remove one",
-                ctx.line(&f.field_path(key))
+                "`password` is set both inline (line {}) and by this secret ref; remove one",
+                ctx.line(&child_key(path, "password"))
             ),
         ));
     }
-    let secret = resolve(&r.reference, &*opts.env, opts.secrets_dir.as_deref())
-        .map_err(|msg| ctx.err(&format!("{}.ref", r.path), msg))?;
-    Ok(Some(secret))
+    let secret = resolve(&refs[i].reference, &*opts.env, opts.secrets_dir.as_deref())
+        .map_err(|msg| ctx.err(&child_key(&entry, "ref"), msg))?;
+    *password = Some(secret);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,98 +1,129 @@
-//! The `source/sqlserver` connector's fields, defaults and checks (operator reference:
-//! `docs/connectors/sqlserver-source.md`). Fields are read in the order of
-//! [`SqlServerSource`]; the first failure is returned.
+//! `source/sqlserver`: the connector's settings, defaults and checks (operator reference:
+//! `docs/connectors/sqlserver-source.md`). The source takes this type as it is loaded.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
-use serde_yaml::Value;
+use serde::Deserialize;
+use serde::de::{Deserializer, Error as _};
 
-use super::LoadOptions;
-use super::fields::{Ctx, Fields, Result, duration, kind, list, non_empty, port, retries};
-use super::locate::child_index;
-use super::model::{SqlServerSnapshot, SqlServerSource};
-use super::secrets::{SecretRef, secret_field};
-
-/// The `type` value.
-pub(crate) const TYPE: &str = "source/sqlserver";
-
-/// Every key a `source/sqlserver` entry may have.
-pub(crate) const FIELDS: &[&str] = &[
-    "name",
-    "type",
-    "secret_refs",
-    "host",
-    "port",
-    "database",
-    "user",
-    "password",
-    "tables",
-    "poll_interval",
-    "encrypt",
-    "trust_server_certificate",
-    "snapshot",
-    "connect_timeout",
-    "connect_retries",
-];
+use super::secrets::{Secret, SecretRef};
+use super::{defaults, values};
 
 /// SQL Server identifiers (`sysname`) are at most 128 characters.
 const SYSNAME_MAX: usize = 128;
 
-/// Reads the type's fields (after `name`, `type`, unknown keys and `secret_refs`).
-pub(crate) fn parse(
-    f: &Fields<'_>,
-    refs: &[SecretRef],
-    opts: &LoadOptions,
-) -> Result<SqlServerSource> {
-    Ok(SqlServerSource {
-        host: f.required("host", &non_empty)?,
-        port: f.optional("port", &port)?.unwrap_or(1433),
-        database: f.required("database", &sysname)?,
-        user: f.required("user", &non_empty)?,
-        password: secret_field(f, "password", refs, opts)?,
-        tables: f.required("tables", &tables)?,
-        poll_interval: f
-            .optional("poll_interval", &duration)?
-            .unwrap_or(Duration::from_millis(500)),
-        encrypt: f.optional("encrypt", &boolean)?.unwrap_or(true),
-        trust_server_certificate: f
-            .optional("trust_server_certificate", &boolean)?
-            .unwrap_or(false),
-        snapshot: f
-            .optional("snapshot", &snapshot)?
-            .unwrap_or(SqlServerSnapshot::Initial),
-        connect_timeout: f
-            .optional("connect_timeout", &duration)?
-            .unwrap_or(Duration::from_secs(10)),
-        connect_retries: f.optional("connect_retries", &retries)?.unwrap_or(5),
-    })
+/// `source/sqlserver`: SQL Server change data capture, polled from the change tables.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename = "a connector")]
+pub struct SqlServerSource {
+    /// The connector's name, for logs and errors.
+    #[serde(deserialize_with = "values::identifier")]
+    pub name: String,
+    /// The connector type as written (`source/sqlserver`).
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// Where secret-capable fields come from instead (resolved into them at load).
+    #[serde(default)]
+    pub secret_refs: Vec<SecretRef>,
+    /// Server host name or address. Required.
+    #[serde(deserialize_with = "values::non_empty")]
+    pub host: String,
+    /// Server port. Default 1433.
+    #[serde(default = "defaults::u16_::<1433>", deserialize_with = "values::port")]
+    pub port: u16,
+    /// Database with CDC enabled. Required.
+    #[serde(deserialize_with = "sysname")]
+    pub database: String,
+    /// SQL Server login. Required.
+    #[serde(deserialize_with = "values::non_empty")]
+    pub user: String,
+    /// From `password:` or `secret_refs`; `None` sends an empty password.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// Tables to replicate as `(schema, table)`; `table` alone is `dbo.table`. Required,
+    /// non-empty.
+    #[serde(deserialize_with = "tables")]
+    pub tables: Vec<(String, String)>,
+    /// Pause between polls of the change tables that found nothing new. Default 500ms.
+    #[serde(
+        default = "defaults::millis::<500>",
+        deserialize_with = "values::duration"
+    )]
+    pub poll_interval: Duration,
+    /// Encrypt the connection with TLS, failing if the server cannot. Default true.
+    #[serde(default = "defaults::yes", deserialize_with = "values::boolean")]
+    pub encrypt: bool,
+    /// Accept the server certificate without validating it. Default false.
+    #[serde(default, deserialize_with = "values::boolean")]
+    pub trust_server_certificate: bool,
+    /// Copy the existing rows before streaming when the sinks hold no position. Default
+    /// [`SqlServerSnapshot::Initial`].
+    #[serde(default)]
+    pub snapshot: SqlServerSnapshot,
+    /// Time allowed for one connection attempt. Default 10s.
+    #[serde(
+        default = "defaults::secs::<10>",
+        deserialize_with = "values::duration"
+    )]
+    pub connect_timeout: Duration,
+    /// Further attempts after a failed connect before giving up. Default 5.
+    #[serde(default = "defaults::u32_::<5>", deserialize_with = "values::retries")]
+    pub connect_retries: u32,
 }
 
-fn sysname(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<String> {
-    let s = non_empty(ctx, path, value)?;
+/// `snapshot:` of `source/sqlserver`: whether a pipeline without a durable frontier first
+/// copies the tables' current rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SqlServerSnapshot {
+    /// `initial`: copy the tables' rows (consistently with the change stream), then stream.
+    #[default]
+    Initial,
+    /// `never`: stream only changes committed after the first start.
+    Never,
+}
+
+impl<'de> Deserialize<'de> for SqlServerSnapshot {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        values::keyword(
+            d,
+            &[
+                ("initial", SqlServerSnapshot::Initial),
+                ("never", SqlServerSnapshot::Never),
+            ],
+            "snapshot mode",
+            "`initial` or `never`",
+        )
+    }
+}
+
+fn sysname<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = values::non_empty(d)?;
     if s.chars().count() > SYSNAME_MAX {
-        return Err(ctx.err(
-            path,
-            format!("SQL Server names are at most {SYSNAME_MAX} characters"),
-        ));
+        return Err(D::Error::custom(format_args!(
+            "SQL Server names are at most {SYSNAME_MAX} characters"
+        )));
     }
     Ok(s)
 }
 
-/// `tables: [orders, sales.items]` → `[("dbo", "orders"), ("sales", "items")]`.
-fn tables(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<Vec<(String, String)>> {
-    let items = list(ctx, path, value)?;
+/// `tables: [orders, sales.items]` → `[("dbo", "orders"), ("sales", "items")]`; each item is
+/// checked where it is written.
+fn tables<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, String)>, D::Error> {
+    let items = Vec::<SqlServerTable>::deserialize(d)?;
     if items.is_empty() {
-        return Err(ctx.err(
-            path,
+        return Err(D::Error::custom(
             "empty table list; name at least one table (`schema.table`)",
         ));
     }
-    let mut seen = HashSet::new();
-    let mut out = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let item_path = child_index(path, i);
-        let name = non_empty(ctx, &item_path, item)?;
+    Ok(items.into_iter().map(|t| (t.0, t.1)).collect())
+}
+
+struct SqlServerTable(String, String);
+
+impl<'de> Deserialize<'de> for SqlServerTable {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = values::non_empty(d)?;
         let parts: Vec<&str> = name.split('.').collect();
         let (schema, table) = match parts.as_slice() {
             [table] => ("dbo", *table),
@@ -101,48 +132,24 @@ fn tables(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<Vec<(String, Strin
         };
         let valid = |s: &str| !s.trim().is_empty() && s.chars().count() <= SYSNAME_MAX;
         if !valid(schema) || !valid(table) {
-            return Err(ctx.err(
-                &item_path,
-                format!(
-                    "invalid table `{name}`: expected `schema.table` or `table` (schema dbo), \
-                     names of 1 to {SYSNAME_MAX} characters"
-                ),
-            ));
+            return Err(D::Error::custom(format_args!(
+                "invalid table `{name}`: expected `schema.table` or `table` (schema dbo), \
+                 names of 1 to {SYSNAME_MAX} characters"
+            )));
         }
-        // SQL Server's usual collations compare names case-insensitively.
-        if !seen.insert((schema.to_lowercase(), table.to_lowercase())) {
-            return Err(ctx.err(
-                &item_path,
-                format!("table `{schema}.{table}` is listed twice"),
-            ));
-        }
-        out.push((schema.to_owned(), table.to_owned()));
-    }
-    Ok(out)
-}
-
-/// `true`/`false`, also as the strings an interpolated `${VAR}` leaves.
-fn boolean(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<bool> {
-    match value {
-        Value::Bool(b) => Ok(*b),
-        Value::String(s) if s == "true" => Ok(true),
-        Value::String(s) if s == "false" => Ok(false),
-        other => Err(ctx.err(
-            path,
-            format!("expected true or false, found {}", kind(other)),
-        )),
+        Ok(SqlServerTable(schema.to_owned(), table.to_owned()))
     }
 }
 
-fn snapshot(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<SqlServerSnapshot> {
-    match non_empty(ctx, path, value)?.as_str() {
-        "initial" => Ok(SqlServerSnapshot::Initial),
-        "never" => Ok(SqlServerSnapshot::Never),
-        other => Err(ctx.err(
-            path,
-            format!("unknown snapshot mode `{other}`; expected `initial` or `never`"),
-        )),
-    }
+/// The first table listed twice, as `(index, message)`. SQL Server's usual collations compare
+/// names case-insensitively.
+pub(crate) fn repeated_table(tables: &[(String, String)]) -> Option<(usize, String)> {
+    let mut seen = HashSet::new();
+    let i = tables
+        .iter()
+        .position(|(s, t)| !seen.insert((s.to_lowercase(), t.to_lowercase())))?;
+    let (s, t) = &tables[i];
+    Some((i, format!("table `{s}.{t}` is listed twice")))
 }
 
 #[cfg(test)]

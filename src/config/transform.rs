@@ -11,51 +11,72 @@
 //!   batch_size: 1000                        # changes per call into the component
 //! ```
 //!
-//! Parsing only reads the fields; [`super::load`] then has [`crate::transform::validate`]
-//! compile, pre-instantiate and `init` the component, so a missing file, malformed wasm, the
-//! wrong world, a missing export or a refused config is reported against `module` (or
-//! `config`) like any other configuration error. Operator documentation: the README's
+//! Loading only reads the fields; [`super::check_transforms`] (a step of its own, run by
+//! `pipeline validate` and `apply`) has [`crate::transform::validate`] compile,
+//! pre-instantiate and `init` the component, so a missing file, malformed wasm, the wrong
+//! world, a missing export or a refused config is reported against `module` (or `config`)
+//! like any other configuration error. Operator documentation: the README's
 //! "Transforms" section and `docs/connectors/README.md` (routes).
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_yaml::Value;
+use serde::Deserialize;
+use serde::de::{Deserializer, Error as _, MapAccess, Visitor};
 
-use super::fields::{Ctx, Fields, Result, duration, kind, non_empty, positive};
-use super::interpolate::key_text;
-use super::locate::child_key;
+use super::values::{self, Scalar};
 
 /// A route's transform, as configured.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    rename = "a transform `{ module, config, limits, on_error }`"
+)]
 pub struct TransformSpec {
-    /// The component file, resolved against the pipeline file's directory.
-    pub module: PathBuf,
     /// `module` as written in the file, for messages.
+    #[serde(rename = "module", deserialize_with = "values::non_empty")]
     pub module_label: String,
+    /// The component file, resolved against the pipeline file's directory.
+    #[serde(skip)]
+    pub module: PathBuf,
     /// The `config:` map handed to the component's `init`, in file order.
+    #[serde(default, deserialize_with = "config_map")]
     pub config: Vec<(String, String)>,
     /// Resource limits per instance and call.
+    #[serde(default)]
     pub limits: TransformLimits,
     /// What a failed change does to the pipeline.
+    #[serde(default)]
     pub on_error: OnError,
-    /// Where `on_error: dead_letter` appends refused changes (JSON lines).
+    /// Where `on_error: dead_letter` appends refused changes (JSON lines); default
+    /// `<pipeline file stem>.deadletter.jsonl` beside the pipeline file.
+    #[serde(default, deserialize_with = "dead_letter")]
     pub dead_letter: PathBuf,
     /// Most changes handed to the component in one call. Default 1000.
+    #[serde(default = "batch_size_default", deserialize_with = "batch_size")]
     pub batch_size: usize,
 }
 
 /// Limits applied to every instance of a transform.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    default,
+    rename = "limits `{ memory, timeout, output }`"
+)]
 pub struct TransformLimits {
     /// Most linear memory one instance may grow to, in bytes. Default 64 MiB.
+    #[serde(deserialize_with = "memory")]
     pub memory: u64,
     /// Longest one call (a batch) may run. Default 1s.
+    #[serde(deserialize_with = "values::duration")]
     pub timeout: Duration,
     /// Most output one call may return, in bytes: both every byte copied out of the guest
     /// (each list and string of its output, checked before copying) and what its changes'
     /// values come to once resolved (plus a small per-value and per-change overhead). Default
     /// 16 MiB, at most [`MAX_OUTPUT`].
+    #[serde(deserialize_with = "output")]
     pub output: u64,
 }
 
@@ -97,174 +118,108 @@ impl OnError {
     }
 }
 
-const FIELDS: &[&str] = &[
-    "module",
-    "config",
-    "limits",
-    "on_error",
-    "dead_letter",
-    "batch_size",
-];
+/// `on_error` of a route's transform or of a sink.
+impl<'de> Deserialize<'de> for OnError {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        values::keyword(
+            d,
+            &[
+                ("halt", OnError::Halt),
+                ("skip", OnError::Skip),
+                ("dead_letter", OnError::DeadLetter),
+            ],
+            "policy",
+            "halt, skip or dead_letter",
+        )
+    }
+}
 
-/// Reads `transform` at `path`; relative paths are resolved against `base_dir`, and the
-/// dead-letter file defaults to `<file_stem>.deadletter.jsonl` there.
-pub(crate) fn parse_transform(
-    ctx: &Ctx<'_>,
-    value: &Value,
-    path: &str,
-    base_dir: &Path,
-    file_stem: &str,
-) -> Result<TransformSpec> {
-    let f = Fields::new(
-        ctx,
-        value,
-        path,
-        "a transform `{ module, config, limits, on_error }`",
-    )?;
-    f.deny_unknown(FIELDS)?;
-    let module_label = f.required("module", &non_empty)?;
-    let module = base_dir.join(&module_label);
-    let config = match f.get("config") {
-        Some(v) => config_map(ctx, v, &f.field_path("config"))?,
-        None => Vec::new(),
+/// Resolves `module` and `dead_letter` against the pipeline file's directory (`file_label`
+/// as given to the loader); the dead-letter file defaults to `<file stem>.deadletter.jsonl`.
+pub(crate) fn resolve_paths(spec: &mut TransformSpec, file_label: &str) {
+    let base = base_dir(file_label);
+    spec.module = base.join(&spec.module_label);
+    spec.dead_letter = if spec.dead_letter.as_os_str().is_empty() {
+        base.join(format!("{}.deadletter.jsonl", file_stem(file_label)))
+    } else {
+        base.join(&spec.dead_letter)
     };
-    let limits = match f.get("limits") {
-        Some(v) => parse_limits(ctx, v, &f.field_path("limits"))?,
-        None => TransformLimits::default(),
-    };
-    let on_error = match f.optional("on_error", &non_empty)?.as_deref() {
-        None | Some("halt") => OnError::Halt,
-        Some("skip") => OnError::Skip,
-        Some("dead_letter") => OnError::DeadLetter,
-        Some(other) => {
-            return Err(ctx.err(
-                &f.field_path("on_error"),
-                format!("unknown policy `{other}`; expected halt, skip or dead_letter"),
-            ));
-        }
-    };
-    let dead_letter = match f.optional("dead_letter", &non_empty)? {
-        Some(p) => base_dir.join(p),
-        None => base_dir.join(format!("{file_stem}.deadletter.jsonl")),
-    };
-    let batch_size = f
-        .optional("batch_size", &positive::<usize>(100_000))?
-        .unwrap_or(1000);
-    Ok(TransformSpec {
-        module,
-        module_label,
-        config,
-        limits,
-        on_error,
-        dead_letter,
-        batch_size,
-    })
+}
+
+fn batch_size_default() -> usize {
+    1000
+}
+
+fn batch_size<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    values::ranged(d, 1, 100_000).map(|n| n as usize)
+}
+
+fn dead_letter<'de, D: Deserializer<'de>>(d: D) -> Result<PathBuf, D::Error> {
+    values::non_empty(d).map(PathBuf::from)
 }
 
 /// `config:`: a flat map of strings (numbers and booleans are taken as written, since a
 /// component only sees strings).
-fn config_map(ctx: &Ctx<'_>, value: &Value, path: &str) -> Result<Vec<(String, String)>> {
-    let Value::Mapping(map) = value else {
-        return Err(ctx.err(
-            path,
-            format!("expected a mapping of strings, found {}", kind(value)),
-        ));
-    };
-    let mut out = Vec::with_capacity(map.len());
-    for (k, v) in map {
-        let key = key_text(k);
-        let text = match v {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => n.to_string(),
-            Value::Bool(b) => b.to_string(),
-            other => {
-                return Err(ctx.err(
-                    &child_key(path, &key),
-                    format!(
-                        "expected a string, found {}; a transform's config values are strings",
-                        kind(other)
-                    ),
-                ));
+fn config_map<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, String)>, D::Error> {
+    struct Map;
+    impl<'de> Visitor<'de> for Map {
+        type Value = Vec<(String, String)>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a mapping of strings")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some((key, ConfigText(text))) = map.next_entry::<String, ConfigText>()? {
+                out.push((key, text));
             }
-        };
-        out.push((key, text));
+            Ok(out)
+        }
     }
-    Ok(out)
+    d.deserialize_map(Map)
 }
 
-fn parse_limits(ctx: &Ctx<'_>, value: &Value, path: &str) -> Result<TransformLimits> {
-    let f = Fields::new(ctx, value, path, "limits `{ memory, timeout, output }`")?;
-    f.deny_unknown(&["memory", "timeout", "output"])?;
-    let d = TransformLimits::default();
-    let limits = TransformLimits {
-        memory: f.optional("memory", &size)?.unwrap_or(d.memory),
-        timeout: f.optional("timeout", &duration)?.unwrap_or(d.timeout),
-        output: f.optional("output", &size)?.unwrap_or(d.output),
-    };
-    if limits.memory < 1 << 20 {
-        return Err(ctx.err(
-            &f.field_path("memory"),
+struct ConfigText(String);
+
+impl<'de> Deserialize<'de> for ConfigText {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Scalar::deserialize(d)? {
+            Scalar::Str(s) => Ok(ConfigText(s)),
+            Scalar::Int(n) => Ok(ConfigText(n.to_string())),
+            Scalar::UInt(n) => Ok(ConfigText(n.to_string())),
+            Scalar::Float(f) => Ok(ConfigText(f.to_string())),
+            Scalar::Bool(b) => Ok(ConfigText(b.to_string())),
+            other => Err(D::Error::custom(format_args!(
+                "expected a string, found {}; a transform's config values are strings",
+                other.kind()
+            ))),
+        }
+    }
+}
+
+fn memory<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let memory = values::size(d)?;
+    if memory < 1 << 20 {
+        return Err(D::Error::custom(
             "must be at least 1MiB (a component's stack and data need a few pages)",
         ));
     }
-    if limits.memory > 4 << 30 {
-        return Err(ctx.err(
-            &f.field_path("memory"),
+    if memory > 4 << 30 {
+        return Err(D::Error::custom(
             "must be at most 4GiB (32-bit WebAssembly memories cannot grow further)",
         ));
     }
-    if limits.output > MAX_OUTPUT {
-        return Err(ctx.err(
-            &f.field_path("output"),
-            format!(
-                "must be at most 4GiB, found {} bytes (a component's memory is 32-bit: it \
-                 cannot hand over more in one list, and spans cannot address more)",
-                limits.output
-            ),
-        ));
-    }
-    Ok(limits)
+    Ok(memory)
 }
 
-/// A byte size: `64MiB`, `512KiB`, `1GiB`, `1MB`, or a plain number of bytes.
-pub(super) fn size(ctx: &Ctx<'_>, path: &str, value: &Value) -> Result<u64> {
-    let parsed = match value {
-        Value::Number(n) => n.as_u64().ok_or_else(|| format!("invalid size {n}")),
-        Value::String(s) => parse_size(s),
-        other => Err(format!(
-            "expected a size such as \"64MiB\", found {}",
-            kind(other)
-        )),
-    };
-    match parsed {
-        Ok(0) => Err(ctx.err(path, "must be greater than zero")),
-        Ok(n) => Ok(n),
-        Err(msg) => Err(ctx.err(path, msg)),
+fn output<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let output = values::size(d)?;
+    if output > MAX_OUTPUT {
+        return Err(D::Error::custom(format_args!(
+            "must be at most 4GiB, found {output} bytes (a component's memory is 32-bit: it \
+             cannot hand over more in one list, and spans cannot address more)"
+        )));
     }
-}
-
-pub(crate) fn parse_size(text: &str) -> std::result::Result<u64, String> {
-    let s = text.trim();
-    let bad = || {
-        format!(
-            "invalid size `{s}`: expected a whole number and a unit (B, KiB, MiB, GiB, KB, MB, GB), e.g. \"64MiB\""
-        )
-    };
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (number, unit) = s.split_at(split);
-    let n: u64 = number.parse().map_err(|_| bad())?;
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "KB" | "kB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        _ => return Err(bad()),
-    };
-    n.checked_mul(scale)
-        .ok_or_else(|| format!("size `{s}` is too large"))
+    Ok(output)
 }
 
 /// Where relative transform paths start: the pipeline file's directory (the current
@@ -287,17 +242,17 @@ pub(crate) fn file_stem(file_label: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::locate::LineIndex;
+    use super::super::deserializer::from_node;
+    use super::super::tree::parse as parse_tree;
     use super::*;
 
+    /// The transform at `t` of `yaml`, as in a pipeline file `dir/p.yaml`.
     fn parse(yaml: &str) -> std::result::Result<TransformSpec, String> {
-        let index = LineIndex::build(yaml);
-        let ctx = Ctx {
-            file: "dir/p.yaml",
-            index: &index,
-        };
-        let value: Value = serde_yaml::from_str(yaml).unwrap();
-        parse_transform(&ctx, &value["t"], "t", Path::new("dir"), "p").map_err(|e| e.to_string())
+        let root = parse_tree("dir/p.yaml", yaml).unwrap();
+        let mut spec: TransformSpec =
+            from_node("dir/p.yaml", root.get("t").unwrap()).map_err(|e| e.to_string())?;
+        resolve_paths(&mut spec, "dir/p.yaml");
+        Ok(spec)
     }
 
     #[test]
@@ -407,21 +362,6 @@ mod tests {
             parse("t:\n  module: m.wasm\n  limits: { output: 4294967297 }\n")
                 .unwrap_err()
                 .contains("must be at most 4GiB, found 4294967297 bytes")
-        );
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
-        assert_eq!(parse_size("512 KiB"), Ok(512 << 10));
-        assert_eq!(parse_size("2GB"), Ok(2_000_000_000));
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert!(parse_size("1.5MiB").is_err());
-        assert!(parse_size("MiB").is_err());
-        assert!(
-            parse_size("99999999999999GiB")
-                .unwrap_err()
-                .contains("too large")
         );
     }
 

@@ -1,10 +1,10 @@
-//! Changes and lanes for the sink tests (`tests/mysql_sink.rs`, `tests/pg_sink*.rs`), which
-//! drive a sink connector directly with hand-built changes.
+//! Changes and lanes for the sink tests (`tests/sinks`), which drive a sink connector directly
+//! with hand-built changes.
 
 use std::sync::Arc;
 
 use zipline::change::{Change, Lsn, Op, Position, Table, Value};
-use zipline::sink::{LaneSink, SinkConnector};
+use zipline::sink::{Batch, LaneSink, SinkConnector};
 
 pub fn pos(lsn: u64, ordinal: u32) -> Position {
     Position::new(Lsn::from(lsn), ordinal)
@@ -56,4 +56,11 @@ pub async fn claimed<C: SinkConnector>(connector: C) -> C {
         .unwrap_or_else(|e| panic!("claiming sink {}: {}", connector.name(), e.report()));
     std::mem::forget(lease);
     connector
+}
+
+/// Applies `changes` as one batch of lane 0, or panics with the sink's message.
+pub async fn apply(lane: &mut Box<dyn LaneSink>, changes: Vec<Arc<Change>>) {
+    lane.apply(&Batch::new(0, changes))
+        .await
+        .unwrap_or_else(|e| panic!("{}", e.report()));
 }

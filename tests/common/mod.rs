@@ -1,6 +1,8 @@
 //! Integration-test harness: throwaway database servers and a fault-injecting TCP proxy.
 //!
-//! Every integration test binary includes this with `mod common;`. Each test gets its own
+//! Every integration test binary (`tests/NAME/main.rs`, `tests/edges.rs`) includes this as
+//! `mod common` (and the end-to-end helpers, `tests/e2e`, as `mod e2e`); there are few
+//! binaries on purpose, since each compiles all of it again. Each test gets its own
 //! servers, so tests can run in parallel processes (nextest runs every test as a process):
 //!
 //! - [`Postgres`]: a private PostgreSQL 15 cluster (`wal_level=logical`) in
@@ -8,6 +10,7 @@
 //!   directory.
 //! - [`MariaDb`]: a private `mariadbd` with the same layout.
 //! - [`Proxy`]: a TCP proxy in front of either, to cut, refuse or stall connections.
+//! - [`sinks::SinkUnderTest`]: a sink server with its connector, for the sink contract suite.
 //!
 //! Quirks worth knowing (see also `/work/shared/TESTING.md`):
 //!
@@ -35,6 +38,7 @@ pub mod changes;
 mod mariadb;
 mod pg;
 mod proxy;
+pub mod sinks;
 
 pub use mariadb::MariaDb;
 pub use pg::Postgres;

@@ -1,4 +1,4 @@
-//! Shared helpers for the end-to-end tests (`tests/e2e_*.rs`, `tests/bad_inputs.rs`): they run
+//! Shared helpers for the end-to-end tests (`tests/pipelines`, `tests/edges`, `tests/transforms`, `tests/sqlserver`): they run
 //! the real `zipline` binary between throwaway PostgreSQL and MariaDB servers (`tests/common`)
 //! and compare source and sink.
 //!
@@ -20,6 +20,7 @@
 #![allow(dead_code)]
 
 pub mod pg;
+pub mod sinks;
 pub mod snapshot;
 pub mod workload;
 

@@ -1,4 +1,4 @@
-//! Helpers for the initial snapshot tests (`tests/e2e_snapshot.rs`): seeding the source with
+//! Helpers for the initial snapshot tests (`tests/pipelines/snapshot.rs`): seeding the source with
 //! rows that exercise every escape of the COPY and LOAD DATA formats, reading the sink's
 //! snapshot state table, and waiting for log lines.
 

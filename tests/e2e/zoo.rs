@@ -1,4 +1,4 @@
-//! The type zoo for `tests/e2e_types.rs`: a source table with a column of every common
+//! The type zoo for `tests/pipelines/types.rs`: a source table with a column of every common
 //! PostgreSQL type, rows of edge values, and a canonical text per value on each side so the
 //! sink can be compared with the source value for value.
 

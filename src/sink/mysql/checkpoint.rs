@@ -208,8 +208,8 @@ pub(super) async fn reset(conn: &mut Conn, shared: &Shared) -> Result<(), SinkEr
     };
     let o = &shared.options;
     let key = LaneKey {
-        pipeline: &o.pipeline,
-        connector: &o.connector,
+        pipeline: &shared.pipeline,
+        connector: &o.name,
         lane: 0,
         lanes: 0,
     };

@@ -44,9 +44,9 @@ fn push_target(buf: &mut String, database: &str, table: &str) {
 
 fn push_owner(buf: &mut String, shared: &Shared) {
     buf.push_str(" WHERE pipeline=");
-    push_str(buf, &shared.options.pipeline);
+    push_str(buf, &shared.pipeline);
     buf.push_str(" AND connector=");
-    push_str(buf, &shared.options.connector);
+    push_str(buf, &shared.options.name);
 }
 
 /// The routing hash of a change's key.
@@ -69,9 +69,9 @@ pub(super) fn push_insert(buf: &mut String, shared: &Shared, table: &str, dead: 
             buf.push(',');
         }
         buf.push('(');
-        push_str(buf, &shared.options.pipeline);
+        push_str(buf, &shared.pipeline);
         buf.push(',');
-        push_str(buf, &shared.options.connector);
+        push_str(buf, &shared.options.name);
         let p = c.position;
         let _ = write!(buf, ",{},{},{},", p.lsn.0, p.ordinal, p.sub);
         push_str(buf, &p.to_string());

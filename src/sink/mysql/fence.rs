@@ -50,9 +50,9 @@ fn push_table(buf: &mut String, database: &str) {
 
 fn push_owner(buf: &mut String, shared: &Shared) {
     buf.push_str(" WHERE pipeline=");
-    push_str(buf, &shared.options.pipeline);
+    push_str(buf, &shared.pipeline);
     buf.push_str(" AND connector=");
-    push_str(buf, &shared.options.connector);
+    push_str(buf, &shared.options.name);
 }
 
 /// `IF(f.epoch<=>{epoch},{value},NULL)`: the value a guarded statement writes into a NOT NULL
@@ -129,7 +129,7 @@ pub(crate) async fn fenced(shared: &Shared) -> SinkError {
 
 fn fenced_error(shared: &Shared, mine: u64, row: Option<FenceRow>) -> SinkError {
     let o = &shared.options;
-    SinkError::fatal(fence::fenced(&o.pipeline, &o.connector, mine, row.as_ref()))
+    SinkError::fatal(fence::fenced(&shared.pipeline, &o.name, mine, row.as_ref()))
 }
 
 async fn read_row(
@@ -183,7 +183,7 @@ pub(crate) async fn claim(
     conn.query_drop("SET SESSION innodb_lock_wait_timeout=10")
         .await
         .map_err(err("setting up the fence session"))?;
-    let lock = fence::lock_name(&o.database, &o.pipeline, &o.connector);
+    let lock = fence::lock_name(&o.database, &shared.pipeline, &o.name);
     let mut lock_literal = String::new();
     push_str(&mut lock_literal, &lock);
     let mut waited = 0;
@@ -202,7 +202,7 @@ pub(crate) async fn claim(
             Verdict::Refuse(row) => {
                 close(conn).await;
                 return Err(SinkError::fatal(fence::refusal(
-                    &o.pipeline,
+                    &shared.pipeline,
                     sink,
                     &row,
                     lease,
@@ -214,10 +214,13 @@ pub(crate) async fn claim(
             }
             Verdict::Wait => {
                 close(conn).await;
-                return Err(SinkError::fatal(fence::refusal_unknown(&o.pipeline, sink)));
+                return Err(SinkError::fatal(fence::refusal_unknown(
+                    &shared.pipeline,
+                    sink,
+                )));
             }
             Verdict::TakeOver(row) => {
-                fence::log_takeover(&o.pipeline, sink, &row);
+                fence::log_takeover(&shared.pipeline, sink, &row);
                 let session: Option<Option<u64>> = conn
                     .query_first(format!("SELECT IS_USED_LOCK({lock_literal})"))
                     .await
@@ -290,9 +293,9 @@ async fn raise_epoch(conn: &mut Conn, shared: &Shared, holder: &Holder) -> Resul
             " (pipeline,connector,epoch,pid,host,session,started_at,heartbeat_at,stopped_at) \
              VALUES (",
         );
-        push_str(&mut sql, &o.pipeline);
+        push_str(&mut sql, &shared.pipeline);
         sql.push(',');
-        push_str(&mut sql, &o.connector);
+        push_str(&mut sql, &o.name);
         sql.push_str(&format!(",{epoch},{},", holder.pid));
         push_str(&mut sql, &holder.host);
         sql.push_str(

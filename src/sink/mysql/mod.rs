@@ -52,6 +52,8 @@ use std::time::Duration;
 use mysql_async::prelude::Queryable;
 use mysql_async::{Conn, Opts, OptsBuilder};
 
+use crate::config;
+
 use self::errors::sink_error;
 use super::{
     BoxFuture, CheckpointStore, LaneSink, Lease, SinkConnector, SinkError, SnapshotTarget,
@@ -70,51 +72,12 @@ const SESSION_SETUP: &str = "SET NAMES utf8mb4, \
 const CLOSE_TIMEOUT: Duration = Duration::from_millis(500);
 const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Where and how to connect, and whose checkpoints to keep.
-#[derive(Clone)]
-pub struct MysqlSinkOptions {
-    /// The sink connector's name from the pipeline file.
-    pub connector: String,
-    /// The pipeline's name (part of the checkpoint key).
-    pub pipeline: String,
-    /// Server host name or IP address.
-    pub host: String,
-    /// Server TCP port.
-    pub port: u16,
-    /// Database holding the target tables and the checkpoint table.
-    pub database: String,
-    /// User name.
-    pub user: String,
-    /// Password; never logged or printed.
-    pub password: Option<String>,
-    /// Limit for opening a connection and setting up its session.
-    pub connect_timeout: Duration,
-    /// The dead-letter table (`dead_letter_table`): read for parked keys and `zipline dlq`,
-    /// written by `on_error: dead_letter`.
-    pub dead_letter_table: String,
-    /// Create the dead-letter table when checking the sink (`on_error: dead_letter`).
-    pub create_dead_letter_table: bool,
-}
-
-impl fmt::Debug for MysqlSinkOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MysqlSinkOptions")
-            .field("connector", &self.connector)
-            .field("pipeline", &self.pipeline)
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("database", &self.database)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("connect_timeout", &self.connect_timeout)
-            .field("dead_letter_table", &self.dead_letter_table)
-            .finish()
-    }
-}
-
 /// Shared by the connector and its lanes.
 struct Shared {
-    options: MysqlSinkOptions,
+    /// The pipeline's name (part of the checkpoint key).
+    pipeline: String,
+    /// The connector's settings as loaded.
+    options: config::MysqlSink,
     /// Built once; holds the password, so this type has no derived Debug.
     mysql: Opts,
     /// Create missing sink tables when checking them.
@@ -135,19 +98,21 @@ pub struct MysqlConnector {
 impl fmt::Debug for MysqlConnector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MysqlConnector")
+            .field("pipeline", &self.shared.pipeline)
             .field("options", &self.shared.options)
             .finish()
     }
 }
 
 impl MysqlConnector {
-    /// A connector for `opts`; connects only when checking tables or opening lanes.
-    pub fn new(opts: MysqlSinkOptions) -> Self {
+    /// The sink `opts` of `pipeline`; connects only when checking tables or opening lanes.
+    pub fn new(pipeline: &str, opts: config::MysqlSink) -> Self {
         let mysql = OptsBuilder::default()
             .ip_or_hostname(opts.host.clone())
             .tcp_port(opts.port)
             .user(Some(opts.user.clone()))
-            .pass(opts.password.clone())
+            // The secret leaves its wrapper here, into the driver's connection options.
+            .pass(opts.password.as_ref().map(|p| p.expose().to_owned()))
             .db_name(Some(opts.database.clone()))
             // Stay on TCP: on a loopback address mysql_async would otherwise switch to the
             // server's Unix socket.
@@ -156,9 +121,10 @@ impl MysqlConnector {
             .into();
         MysqlConnector {
             shared: Arc::new(Shared {
+                pipeline: pipeline.to_owned(),
+                create_tables: opts.create_tables,
                 options: opts,
                 mysql,
-                create_tables: false,
                 types: schema::SinkTypes::default(),
                 epoch: AtomicU64::new(0),
             }),
@@ -168,7 +134,7 @@ impl MysqlConnector {
 }
 
 impl MysqlConnector {
-    /// Whether checking the tables creates missing ones (`create_tables`; default false).
+    /// Whether checking the tables creates missing ones (overrides `create_tables`).
     #[must_use]
     pub fn with_create_tables(mut self, create: bool) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
@@ -180,7 +146,7 @@ impl MysqlConnector {
 
 impl Shared {
     fn sink(&self) -> &str {
-        &self.options.connector
+        &self.options.name
     }
 
     /// A new connection with the lane session set up, within the connect timeout.
@@ -204,8 +170,8 @@ impl Shared {
 
     fn lane_key(&self, lane: u32, lanes: u32) -> LaneKey<'_> {
         LaneKey {
-            pipeline: &self.options.pipeline,
-            connector: &self.options.connector,
+            pipeline: &self.pipeline,
+            connector: &self.options.name,
             lane,
             lanes,
         }
@@ -229,7 +195,7 @@ impl SinkConnector for MysqlConnector {
         Box::pin(async move {
             let shared = &self.shared;
             let o = &shared.options;
-            super::check_checkpoint_names(&o.pipeline, &o.connector)?;
+            super::check_checkpoint_names(&shared.pipeline, &o.name)?;
             let mut conn = shared.connect().await?;
             let create = checkpoint::create_table_sql(&o.database);
             conn.query_drop(create).await.map_err(|e| {
@@ -250,7 +216,7 @@ impl SinkConnector for MysqlConnector {
                     &e,
                 )
             })?;
-            if o.create_dead_letter_table {
+            if o.on_error == config::OnError::DeadLetter {
                 let create = dead_letter::create_table_sql(&o.database, &o.dead_letter_table);
                 conn.query_drop(create).await.map_err(|e| {
                     sink_error(
@@ -307,7 +273,8 @@ impl SinkConnector for MysqlConnector {
                         &e,
                     )
                 })?;
-            let dead_letter_table = shared.options.create_dead_letter_table || !parked.is_empty();
+            let dead_letter_table =
+                shared.options.on_error == config::OnError::DeadLetter || !parked.is_empty();
             tracing::debug!(
                 sink = shared.sink(),
                 lane,
@@ -541,17 +508,12 @@ mod tests {
 
     #[test]
     fn debug_output_redacts_the_password() {
-        let opts = MysqlSinkOptions {
-            connector: "out".into(),
-            pipeline: "p".into(),
-            host: "db".into(),
-            port: 3306,
-            database: "shop".into(),
-            user: "zipline".into(),
-            password: Some("hunter2-secret".into()),
-            connect_timeout: Duration::from_secs(1),
-            dead_letter_table: "_zipline_dead_letters".into(),
-            create_dead_letter_table: false,
+        let entry = "name: out\ntype: sink/mysql\nhost: db\ndatabase: shop\nuser: zipline\n\
+                     password: hunter2-secret\n";
+        let crate::config::ConnectorKind::MysqlSink(opts) =
+            crate::config::connector_for_tests(entry)
+        else {
+            panic!("not a mysql sink");
         };
         let shown = format!("{opts:?}");
         assert!(
@@ -559,7 +521,7 @@ mod tests {
             "{shown}"
         );
         assert!(!shown.contains("hunter2"));
-        let shown = format!("{:?}", MysqlConnector::new(opts));
+        let shown = format!("{:?}", MysqlConnector::new("p", opts));
         assert!(
             shown.contains("<redacted>") && !shown.contains("hunter2"),
             "{shown}"

@@ -154,7 +154,8 @@ pub(super) async fn check(
         }
         if columns.is_empty() {
             problems.push(format!(
-                "table {} does not exist (source table {}); create it with a primary key on ({})",
+                "table {} does not exist (source table {}); create it with a primary key on ({}), \
+                 or set create_tables: true",
                 target(database, table),
                 table.qualified_name(),
                 key_names(table).join(", ")

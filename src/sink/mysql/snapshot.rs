@@ -62,9 +62,9 @@ fn push_table(buf: &mut String, database: &str) {
 
 fn push_owner(buf: &mut String, shared: &Shared) {
     buf.push_str(" WHERE pipeline=");
-    push_str(buf, &shared.options.pipeline);
+    push_str(buf, &shared.pipeline);
     buf.push_str(" AND connector=");
-    push_str(buf, &shared.options.connector);
+    push_str(buf, &shared.options.name);
 }
 
 fn push_opt_str(buf: &mut String, value: Option<&str>) {
@@ -94,9 +94,9 @@ pub(super) fn push_rows(
             buf.push(',');
         }
         buf.push('(');
-        push_str(buf, &shared.options.pipeline);
+        push_str(buf, &shared.pipeline);
         buf.push(',');
-        push_str(buf, &shared.options.connector);
+        push_str(buf, &shared.options.name);
         buf.push(',');
         match chunk {
             Some(c) => {
@@ -147,7 +147,7 @@ pub(super) async fn history(shared: &Shared) -> Result<crate::sink::SinkHistory,
             .unwrap_or_default();
         let o = &shared.options;
         let checkpoints =
-            super::checkpoint::any_rows(&mut conn, &o.database, &o.pipeline, &o.connector)
+            super::checkpoint::any_rows(&mut conn, &o.database, &shared.pipeline, &o.name)
                 .await
                 .map_err(|e| sink_error(shared.sink(), "reading the lane checkpoints", &e))?;
         Ok(crate::sink::snapshot::history(marker, loaded, checkpoints))

@@ -32,9 +32,9 @@ fn push_table(buf: &mut String, database: &str) {
 
 fn push_owner(buf: &mut String, shared: &Shared) {
     buf.push_str(" WHERE pipeline=");
-    push_str(buf, &shared.options.pipeline);
+    push_str(buf, &shared.pipeline);
     buf.push_str(" AND connector=");
-    push_str(buf, &shared.options.connector);
+    push_str(buf, &shared.options.name);
 }
 
 /// The identity of sink table `name` (in the sink's database) as a subquery: its creation
@@ -86,9 +86,9 @@ pub(super) async fn record(
     sql.push_str(
         " (pipeline,connector,source_table,relation,since_lsn,columns_json,sink_table_id) VALUES (",
     );
-    push_str(&mut sql, &shared.options.pipeline);
+    push_str(&mut sql, &shared.pipeline);
     sql.push(',');
-    push_str(&mut sql, &shared.options.connector);
+    push_str(&mut sql, &shared.options.name);
     sql.push(',');
     push_str(&mut sql, &record.name());
     sql.push_str(&format!(",{},{},", record.relation, record.since.0));
@@ -145,9 +145,9 @@ pub(super) async fn recreated_empty(
          AND t.TABLE_NAME=SUBSTRING(r.source_table, LOCATE('.', r.source_table) + 1) \
          WHERE r.pipeline="
     ));
-    push_str(&mut sql, &shared.options.pipeline);
+    push_str(&mut sql, &shared.pipeline);
     sql.push_str(" AND r.connector=");
-    push_str(&mut sql, &shared.options.connector);
+    push_str(&mut sql, &shared.options.name);
     sql.push_str(
         " AND r.sink_table_id IS NOT NULL \
          AND NOT (r.sink_table_id <=> CAST(t.CREATE_TIME AS CHAR))",

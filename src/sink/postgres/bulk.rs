@@ -195,8 +195,8 @@ async fn load_on(
                 state_table(shared)
             ),
             &[
-                &shared.options.pipeline,
-                &shared.options.connector,
+                &shared.pipeline,
+                &shared.options.name,
                 &chunk.table,
                 &index,
                 &chunk.column,

@@ -258,7 +258,7 @@ pub(super) async fn reset(client: &Client, shared: &Shared) -> Result<(), SinkEr
         client
             .execute(
                 &format!("DELETE FROM {table} WHERE pipeline = $1::text AND connector = $2::text"),
-                &[&o.pipeline, &o.connector],
+                &[&shared.pipeline, &o.name],
             )
             .await
             .map_err(err)?;

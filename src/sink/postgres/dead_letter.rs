@@ -63,8 +63,8 @@ impl InsertParams {
     pub(super) fn new(shared: &Shared, dead: &[DeadLetter]) -> Self {
         let o = &shared.options;
         let mut p = InsertParams {
-            pipeline: o.pipeline.clone(),
-            connector: o.connector.clone(),
+            pipeline: shared.pipeline.clone(),
+            connector: o.name.clone(),
             lsn: Vec::new(),
             ordinal: Vec::new(),
             sub: Vec::new(),
@@ -131,8 +131,8 @@ impl ForgetParams {
     pub(super) fn new(shared: &Shared, source_table: &str, position: Position) -> Self {
         let o = &shared.options;
         ForgetParams(
-            o.pipeline.clone(),
-            o.connector.clone(),
+            shared.pipeline.clone(),
+            o.name.clone(),
             source_table.to_owned(),
             position.lsn.0.to_string(),
             i64::from(position.ordinal),
@@ -187,8 +187,8 @@ pub(super) async fn parked(
                 qualified(schema, table)
             ),
             &[
-                &o.pipeline,
-                &o.connector,
+                &shared.pipeline,
+                &o.name,
                 &i64::from(lanes.max(1)),
                 &i64::from(lane),
             ],
@@ -226,7 +226,7 @@ pub(super) async fn list(
                  ORDER BY lsn, ordinal, sub",
                 qualified(schema, table)
             ),
-            &[&o.pipeline, &o.connector],
+            &[&shared.pipeline, &o.name],
         )
         .await?;
     Ok(rows

@@ -81,7 +81,7 @@ pub(crate) async fn check_in_tx(client: &Client, shared: &Shared) -> Result<(), 
     let found = client
         .query_opt(
             &epoch_query(shared.checkpoint_schema(), "$1::text", "$2::text"),
-            &[&o.pipeline, &o.connector],
+            &[&shared.pipeline, &o.name],
         )
         .await
         .map_err(err)?
@@ -108,7 +108,7 @@ pub(crate) async fn fenced(shared: &Shared) -> SinkError {
 
 fn fenced_error(shared: &Shared, mine: u64, row: Option<FenceRow>) -> SinkError {
     let o = &shared.options;
-    SinkError::fatal(fence::fenced(&o.pipeline, &o.connector, mine, row.as_ref()))
+    SinkError::fatal(fence::fenced(&shared.pipeline, &o.name, mine, row.as_ref()))
 }
 
 async fn read_row(
@@ -122,7 +122,7 @@ async fn read_row(
          stopped_at IS NOT NULL FROM {} WHERE pipeline = $1::text AND connector = $2::text",
         qualified(shared.checkpoint_schema(), FENCE_TABLE)
     );
-    let row = client.query_opt(&sql, &[&o.pipeline, &o.connector]).await?;
+    let row = client.query_opt(&sql, &[&shared.pipeline, &o.name]).await?;
     Ok(row.map(|r| FenceRow {
         epoch: u64::try_from(r.get::<_, i64>(0)).unwrap_or_default(),
         pid: u32::try_from(r.get::<_, i64>(1)).unwrap_or_default(),
@@ -191,7 +191,6 @@ pub(crate) async fn claim(
     holder: &Holder,
     lease: Duration,
 ) -> Result<PostgresLease, SinkError> {
-    let o = &shared.options;
     let sink = shared.sink();
     let err = |doing: &'static str| move |e: tokio_postgres::Error| sink_error(sink, doing, &e);
     let client = shared.connect().await?;
@@ -211,7 +210,7 @@ pub(crate) async fn claim(
         match fence::judge(row, lease) {
             Verdict::Refuse(row) => {
                 return Err(SinkError::fatal(fence::refusal(
-                    &o.pipeline,
+                    &shared.pipeline,
                     sink,
                     &row,
                     lease,
@@ -222,10 +221,13 @@ pub(crate) async fn claim(
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Verdict::Wait => {
-                return Err(SinkError::fatal(fence::refusal_unknown(&o.pipeline, sink)));
+                return Err(SinkError::fatal(fence::refusal_unknown(
+                    &shared.pipeline,
+                    sink,
+                )));
             }
             Verdict::TakeOver(row) => {
-                fence::log_takeover(&o.pipeline, sink, &row);
+                fence::log_takeover(&shared.pipeline, sink, &row);
                 if let Some(pid) = lock_holder(&client, live)
                     .await
                     .map_err(err("finding the session that holds the pipeline's lock"))?
@@ -277,8 +279,8 @@ async fn raise_epoch(client: &Client, shared: &Shared, holder: &Holder) -> Resul
             .query_one(
                 &sql,
                 &[
-                    &o.pipeline,
-                    &o.connector,
+                    &shared.pipeline,
+                    &o.name,
                     &i64::from(holder.pid),
                     &holder.host,
                 ],
@@ -320,7 +322,7 @@ impl PostgresLease {
         );
         let epoch = i64::try_from(self.epoch).unwrap_or(i64::MAX);
         match client
-            .execute(&sql, &[&o.pipeline, &o.connector, &epoch])
+            .execute(&sql, &[&shared.pipeline, &o.name, &epoch])
             .await
         {
             Ok(1) => Ok(()),
@@ -398,7 +400,7 @@ impl Lease for PostgresLease {
             let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
             let released = async {
                 client
-                    .execute(&sql, &[&o.pipeline, &o.connector, &epoch])
+                    .execute(&sql, &[&shared.pipeline, &o.name, &epoch])
                     .await?;
                 client
                     .batch_execute("SELECT pg_advisory_unlock_all()")

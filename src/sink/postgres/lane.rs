@@ -334,8 +334,8 @@ impl PostgresLane {
             .map(|&i| i64::try_from(i).unwrap_or(i64::MAX))
             .collect();
         let epoch_param = i64::try_from(epoch).unwrap_or(i64::MAX);
-        let guard_refs: [&(dyn ToSql + Sync); 3] = [&o.pipeline, &o.connector, &epoch_param];
-        let remove_refs: [&(dyn ToSql + Sync); 3] = [&o.pipeline, &o.connector, &ids];
+        let guard_refs: [&(dyn ToSql + Sync); 3] = [&self.shared.pipeline, &o.name, &epoch_param];
+        let remove_refs: [&(dyn ToSql + Sync); 3] = [&self.shared.pipeline, &o.name, &ids];
         let lock_refs: [&(dyn ToSql + Sync); 1] = [&fence_key];
         let param_refs: Vec<Vec<&(dyn ToSql + Sync)>> = stmts
             .iter()

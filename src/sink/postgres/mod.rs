@@ -61,6 +61,8 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, NoTls};
 
+use crate::config;
+
 use self::errors::sink_error;
 use self::lane::PostgresLane;
 use self::sql::qualified;
@@ -75,57 +77,12 @@ use crate::checkpoint::{Holder, LaneKey};
 const SESSION_OPTIONS: &str = "-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres \
      -c plan_cache_mode=force_custom_plan";
 
-/// Where and how to connect, and whose checkpoints to keep.
-#[derive(Clone)]
-pub struct PostgresSinkOptions {
-    /// The sink connector's name from the pipeline file.
-    pub connector: String,
-    /// The pipeline's name (part of the checkpoint key).
-    pub pipeline: String,
-    /// Server host name or IP address.
-    pub host: String,
-    /// Server TCP port.
-    pub port: u16,
-    /// Database holding the target tables and the checkpoint table.
-    pub database: String,
-    /// User name.
-    pub user: String,
-    /// Password; never logged or printed.
-    pub password: Option<String>,
-    /// Schema of every target table; `None`: each source table's own schema.
-    pub schema: Option<String>,
-    /// Create missing target tables from the source's column types.
-    pub create_tables: bool,
-    /// Limit for opening a connection.
-    pub connect_timeout: Duration,
-    /// The dead-letter table, in the checkpoint schema (`dead_letter_table`): read for parked
-    /// keys and `zipline dlq`, written by `on_error: dead_letter`.
-    pub dead_letter_table: String,
-    /// Create the dead-letter table when checking the sink (`on_error: dead_letter`).
-    pub create_dead_letter_table: bool,
-}
-
-impl fmt::Debug for PostgresSinkOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresSinkOptions")
-            .field("connector", &self.connector)
-            .field("pipeline", &self.pipeline)
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("database", &self.database)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("schema", &self.schema)
-            .field("create_tables", &self.create_tables)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("dead_letter_table", &self.dead_letter_table)
-            .finish()
-    }
-}
-
 /// Shared by the connector and its lanes.
 struct Shared {
-    options: PostgresSinkOptions,
+    /// The pipeline's name (part of the checkpoint key).
+    pipeline: String,
+    /// The connector's settings as loaded.
+    options: config::PostgresSink,
     /// Built once; holds the password, so this type has no derived Debug.
     config: tokio_postgres::Config,
     /// This instance's claim epoch (0 until claimed); every write is fenced on it.
@@ -144,14 +101,15 @@ pub struct PostgresConnector {
 impl fmt::Debug for PostgresConnector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresConnector")
+            .field("pipeline", &self.shared.pipeline)
             .field("options", &self.shared.options)
             .finish()
     }
 }
 
 impl PostgresConnector {
-    /// A connector for `opts`; connects only when checking tables or opening lanes.
-    pub fn new(opts: PostgresSinkOptions) -> Self {
+    /// The sink `opts` of `pipeline`; connects only when checking tables or opening lanes.
+    pub fn new(pipeline: &str, opts: config::PostgresSink) -> Self {
         let mut config = tokio_postgres::Config::new();
         config
             .host(&opts.host)
@@ -166,15 +124,17 @@ impl PostgresConnector {
             // A peer that vanished without a reset fails the batch instead of hanging it.
             .tcp_user_timeout(Duration::from_secs(60));
         if let Some(password) = &opts.password {
-            config.password(password);
+            // The secret leaves its wrapper here, into the driver's connection settings.
+            config.password(password.expose());
         }
         let fence_keys = crate::checkpoint::fence::lock_keys(
             opts.schema.as_deref().unwrap_or("public"),
-            &opts.pipeline,
-            &opts.connector,
+            pipeline,
+            &opts.name,
         );
         PostgresConnector {
             shared: Arc::new(Shared {
+                pipeline: pipeline.to_owned(),
                 options: opts,
                 config,
                 epoch: AtomicU64::new(0),
@@ -187,7 +147,7 @@ impl PostgresConnector {
 
 impl Shared {
     fn sink(&self) -> &str {
-        &self.options.connector
+        &self.options.name
     }
 
     fn checkpoint_schema(&self) -> &str {
@@ -224,8 +184,8 @@ impl Shared {
 
     fn lane_key(&self, lane: u32, lanes: u32) -> LaneKey<'_> {
         LaneKey {
-            pipeline: &self.options.pipeline,
-            connector: &self.options.connector,
+            pipeline: &self.pipeline,
+            connector: &self.options.name,
             lane,
             lanes,
         }
@@ -244,7 +204,7 @@ impl SinkConnector for PostgresConnector {
         Box::pin(async move {
             let shared = &self.shared;
             let o = &shared.options;
-            super::check_checkpoint_names(&o.pipeline, &o.connector)?;
+            super::check_checkpoint_names(&shared.pipeline, &o.name)?;
             let client = shared.connect().await?;
             let create = checkpoint::create_table_sql(shared.checkpoint_schema());
             client.batch_execute(&create).await.map_err(|e| {
@@ -262,7 +222,7 @@ impl SinkConnector for PostgresConnector {
                 .batch_execute(&create)
                 .await
                 .map_err(|e| sink_error(shared.sink(), "creating the table records", &e))?;
-            if o.create_dead_letter_table {
+            if o.on_error == config::OnError::DeadLetter {
                 let create =
                     dead_letter::create_table_sql(shared.checkpoint_schema(), &o.dead_letter_table);
                 client.batch_execute(&create).await.map_err(|e| {
@@ -528,21 +488,14 @@ mod tests {
 
     #[test]
     fn debug_output_redacts_the_password() {
-        let opts = PostgresSinkOptions {
-            connector: "out".into(),
-            pipeline: "p".into(),
-            host: "db".into(),
-            port: 5432,
-            database: "shop".into(),
-            user: "zipline".into(),
-            password: Some("hunter2-secret".into()),
-            schema: None,
-            create_tables: false,
-            connect_timeout: Duration::from_secs(1),
-            dead_letter_table: "_zipline_dead_letters".into(),
-            create_dead_letter_table: false,
+        let entry = "name: out\ntype: sink/postgres\nhost: db\ndatabase: shop\nuser: zipline\n\
+                     password: hunter2-secret\n";
+        let crate::config::ConnectorKind::PostgresSink(opts) =
+            crate::config::connector_for_tests(entry)
+        else {
+            panic!("not a postgres sink");
         };
-        let connector = PostgresConnector::new(opts.clone());
+        let connector = PostgresConnector::new("p", opts.clone());
         for text in [format!("{opts:?}"), format!("{connector:?}")] {
             assert!(!text.contains("hunter2"), "{text}");
             assert!(text.contains("<redacted>"), "{text}");

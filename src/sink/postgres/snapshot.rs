@@ -73,15 +73,15 @@ pub(super) async fn history(shared: &Shared) -> Result<crate::sink::SinkHistory,
                  FROM {} WHERE pipeline = $1::text AND connector = $2::text",
                 state_table(shared)
             ),
-            &[&o.pipeline, &o.connector],
+            &[&shared.pipeline, &o.name],
         )
         .await
         .map_err(err)?;
     let checkpoints = super::checkpoint::any_rows(
         &client,
         shared.checkpoint_schema(),
-        &o.pipeline,
-        &o.connector,
+        &shared.pipeline,
+        &o.name,
     )
     .await
     .map_err(|e| sink_error(shared.sink(), "reading the lane checkpoints", &e))?;
@@ -107,7 +107,7 @@ pub(super) async fn state(shared: &Shared) -> Result<SnapshotState, SinkError> {
                  ORDER BY source_table, chunk",
                 state_table(shared)
             ),
-            &[&shared.options.pipeline, &shared.options.connector],
+            &[&shared.pipeline, &shared.options.name],
         )
         .await
         .map_err(|e| state_error(shared, "reading the snapshot state", &e))?;
@@ -140,7 +140,7 @@ pub(super) async fn begin(shared: &Shared, chunks: &[SnapshotChunk]) -> Result<(
     let client = shared.connect().await?;
     let table = state_table(shared);
     let owner: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
-        [&shared.options.pipeline, &shared.options.connector];
+        [&shared.pipeline, &shared.options.name];
     let names: Vec<&str> = chunks.iter().map(|c| c.table.as_str()).collect();
     let indexes: Vec<i32> = chunks
         .iter()
@@ -249,7 +249,7 @@ pub(super) async fn finish(shared: &Shared) -> Result<(), SinkError> {
                  AND connector = $2::text AND source_table = '' AND chunk = -1",
                 state_table(shared)
             ),
-            &[&shared.options.pipeline, &shared.options.connector],
+            &[&shared.pipeline, &shared.options.name],
         )
         .await
         .map_err(err)?;

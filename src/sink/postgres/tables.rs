@@ -49,7 +49,7 @@ pub(super) async fn load(client: &Client, shared: &Shared) -> Result<Vec<TableRe
                  WHERE pipeline = $1::text AND connector = $2::text",
                 table(shared)
             ),
-            &[&o.pipeline, &o.connector],
+            &[&shared.pipeline, &o.name],
         )
         .await
         .map_err(|e| error(shared, "reading the table records", &e))?;
@@ -117,8 +117,8 @@ pub(super) async fn record(
         "recording a table's shape",
         &sql,
         &[
-            &o.pipeline,
-            &o.connector,
+            &shared.pipeline,
+            &o.name,
             &name,
             &relation,
             &since,
@@ -146,7 +146,7 @@ pub(super) async fn forget(
         shared,
         "forgetting table records",
         &sql,
-        &[&o.pipeline, &o.connector, &table_name],
+        &[&shared.pipeline, &o.name, &table_name],
     )
     .await
 }
@@ -168,7 +168,7 @@ pub(super) async fn recreated_empty(
                  AND connector = $2::text AND sink_table_id IS NOT NULL",
                 table(shared)
             ),
-            &[&o.pipeline, &o.connector],
+            &[&shared.pipeline, &o.name],
         )
         .await
         .map_err(err)?;
@@ -201,7 +201,7 @@ pub(super) async fn recreated_empty(
                      AND source_table = $3::text",
                     table(shared)
                 ),
-                &[&o.pipeline, &o.connector, &source_table, &target],
+                &[&shared.pipeline, &o.name, &source_table, &target],
             )
             .await?;
             tracing::info!(sink = shared.sink(), table = %source_table, "the sink table was created again since Zipline last recorded it and holds rows; going on");

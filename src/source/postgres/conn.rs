@@ -46,7 +46,7 @@ pub(crate) struct ConnectParams {
     pub port: u16,
     pub user: String,
     pub database: String,
-    pub password: Option<String>,
+    pub password: Option<crate::config::Secret>,
     pub connect_timeout: Duration,
 }
 
@@ -57,7 +57,7 @@ impl std::fmt::Debug for ConnectParams {
             .field("port", &self.port)
             .field("user", &self.user)
             .field("database", &self.database)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("password", &self.password)
             .finish()
     }
 }
@@ -185,7 +185,14 @@ impl ReplicationConn {
     }
 
     async fn authenticate(&mut self, params: &ConnectParams) -> Result<(), ConnError> {
-        let password = || params.password.as_deref().ok_or(ConnError::NoPassword);
+        // The secret leaves its wrapper only here, into the authentication messages.
+        let password = || {
+            params
+                .password
+                .as_ref()
+                .map(crate::config::Secret::expose)
+                .ok_or(ConnError::NoPassword)
+        };
         loop {
             match self.read_message().await? {
                 Message::AuthenticationOk => return Ok(()),
@@ -519,7 +526,7 @@ mod tests {
             port: 1,
             user: "u".into(),
             database: "d".into(),
-            password: Some("hunter2".into()),
+            password: Some(crate::config::Secret::new("hunter2")),
             connect_timeout: Duration::from_secs(1),
         };
         assert!(!format!("{p:?}").contains("hunter2"));

@@ -19,65 +19,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::change::{Lsn, Table};
+use crate::config;
 use crate::source::snapshot::SnapshotWriter;
 use crate::source::{Source, SourceError, SourceIo, SourceStats, StopMode};
 use futures_util::future::BoxFuture;
-
-/// What the source needs to know; built from the pipeline file.
-#[derive(Clone)]
-pub struct PostgresSourceOptions {
-    /// Connector name, for logs and errors.
-    pub connector: String,
-    /// Host name, IP address, or a Unix-socket directory (starting with `/`).
-    pub host: String,
-    /// Port.
-    pub port: u16,
-    /// Database holding the published tables.
-    pub database: String,
-    /// User; needs the REPLICATION attribute (or superuser) and, to create the publication,
-    /// ownership of the tables.
-    pub user: String,
-    /// Password, if the server asks for one.
-    pub password: Option<String>,
-    /// Publication name (created when absent).
-    pub publication: String,
-    /// Logical slot name (created when absent).
-    pub slot_name: String,
-    /// Tables to publish (`schema.table` or `table`); `None`: all tables.
-    pub tables: Option<Vec<String>>,
-    /// Timeout for each connection attempt.
-    pub connect_timeout: Duration,
-    /// Connection attempts at startup before giving up.
-    pub connect_retries: u32,
-    /// How often to send a standby status update.
-    pub status_interval: Duration,
-    /// Silence after which the stream counts as lost.
-    pub receive_timeout: Duration,
-    /// Ask the server to stream large transactions before they commit (protocol version 2;
-    /// turned off by preflight for servers before PostgreSQL 14).
-    pub stream_in_progress: bool,
-    /// Where streamed transactions wait for their commit.
-    pub spill_dir: std::path::PathBuf,
-    /// Retained WAL above which the slot is reported (`slot_warn_bytes`).
-    pub slot_warn_bytes: u64,
-    /// Transactional logical messages this often (`heartbeat_interval`), if set.
-    pub heartbeat_interval: Option<Duration>,
-}
-
-impl std::fmt::Debug for PostgresSourceOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresSourceOptions")
-            .field("connector", &self.connector)
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("database", &self.database)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("publication", &self.publication)
-            .field("slot_name", &self.slot_name)
-            .finish_non_exhaustive()
-    }
-}
 
 /// How the initial snapshot runs (`snapshot: initial`); see the `snapshot` module.
 pub struct PostgresSnapshotOptions {
@@ -104,7 +49,7 @@ impl std::fmt::Debug for PostgresSnapshotOptions {
 /// A PostgreSQL source, between preflight and streaming.
 #[derive(Debug)]
 pub struct PostgresSource {
-    opts: PostgresSourceOptions,
+    opts: config::PostgresSource,
     tables: Vec<Arc<Table>>,
     /// `None` with `snapshot: never`.
     snapshot: Option<snapshot::Setup>,
@@ -124,7 +69,7 @@ pub struct PostgresSource {
 }
 
 impl PostgresSource {
-    fn connect_params(opts: &PostgresSourceOptions) -> conn::ConnectParams {
+    fn connect_params(opts: &config::PostgresSource) -> conn::ConnectParams {
         conn::ConnectParams {
             host: opts.host.clone(),
             port: opts.port,
@@ -136,14 +81,15 @@ impl PostgresSource {
     }
 
     /// Read-only preflight: reach the server (bounded retries), log in, check `wal_level`,
-    /// resolve the published tables and their keys. Creates nothing.
-    pub async fn preflight(mut opts: PostgresSourceOptions) -> Result<Self, SourceError> {
+    /// resolve the published tables and their keys. Creates nothing. The source keeps its
+    /// settings as loaded; the password stays a [`config::Secret`] until the login.
+    pub async fn preflight(mut opts: config::PostgresSource) -> Result<Self, SourceError> {
         let params = Self::connect_params(&opts);
         let client = setup::connect_sql(&params, opts.connect_retries).await?;
         setup::check_wal_level(&client).await?;
         let version = setup::server_version(&client).await?;
         if opts.stream_in_progress && version < 140_000 {
-            tracing::info!(connector = %opts.connector, server_version = version, "the server cannot stream transactions in progress (PostgreSQL 14+); large transactions arrive after commit");
+            tracing::info!(connector = %opts.name, server_version = version, "the server cannot stream transactions in progress (PostgreSQL 14+); large transactions arrive after commit");
             opts.stream_in_progress = false;
         }
         let resolved =
@@ -154,14 +100,14 @@ impl PostgresSource {
         let slot = setup::find_slot(&client, &opts.slot_name, &opts.database).await?;
         let publication_exists = setup::publication_exists(&client, &opts.publication).await?;
         if tables.is_empty() {
-            tracing::warn!(connector = %opts.connector, publication = %opts.publication, "no tables to replicate yet");
+            tracing::warn!(connector = %opts.name, publication = %opts.publication, "no tables to replicate yet");
         }
         // Unanswered keepalives end the stream after wal_sender_timeout: report at least twice
         // as often, whatever status_interval says.
         if let Some(timeout) = setup::wal_sender_timeout(&client).await?
             && opts.status_interval > timeout / 2
         {
-            tracing::info!(connector = %opts.connector, status_interval_ms = opts.status_interval.as_millis() as u64, wal_sender_timeout_ms = timeout.as_millis() as u64, "status updates go out every half wal_sender_timeout (status_interval is longer)");
+            tracing::info!(connector = %opts.name, status_interval_ms = opts.status_interval.as_millis() as u64, wal_sender_timeout_ms = timeout.as_millis() as u64, "status updates go out every half wal_sender_timeout (status_interval is longer)");
             opts.status_interval = timeout / 2;
         }
         Ok(PostgresSource {
@@ -218,7 +164,7 @@ impl PostgresSource {
             }
             None => {
                 if let Some(setup) = &self.snapshot {
-                    snapshot::begin(&self.opts.connector, setup, &self.tables).await?;
+                    snapshot::begin(&self.opts.name, setup, &self.tables).await?;
                 }
                 let mut repl = conn::ReplicationConn::connect(&params)
                     .await
@@ -247,7 +193,7 @@ impl PostgresSource {
                     let name = column(2).ok_or_else(|| {
                         SourceError::fatal(format!(
                             "{}: creating slot {} exported no snapshot",
-                            self.opts.connector, self.opts.slot_name
+                            self.opts.name, self.opts.slot_name
                         ))
                     })?;
                     self.exported = Some(snapshot::Exported { conn: repl, name });
@@ -260,7 +206,7 @@ impl PostgresSource {
 
 impl Source for PostgresSource {
     fn name(&self) -> &str {
-        &self.opts.connector
+        &self.opts.name
     }
 
     fn tables(&self) -> &[Arc<Table>] {
@@ -323,7 +269,7 @@ impl Source for PostgresSource {
         names: &'a [String],
     ) -> BoxFuture<'a, Result<Vec<crate::checkpoint::TableRecord>, SourceError>> {
         Box::pin(async move {
-            let connector = &self.opts.connector;
+            let connector = &self.opts.name;
             let Some(setup) = &self.snapshot else {
                 return Err(SourceError::fatal(format!(
                     "{connector}: copying a table again needs a snapshot, which `snapshot: \
@@ -422,7 +368,7 @@ impl Source for PostgresSource {
             let monitor = monitor::spawn(
                 params.clone(),
                 monitor::Watch {
-                    connector: this.opts.connector.clone(),
+                    connector: this.opts.name.clone(),
                     slot: this.opts.slot_name.clone(),
                     publication: this.opts.publication.clone(),
                     warn_bytes: this.opts.slot_warn_bytes,

@@ -25,8 +25,9 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::conn::{ConnError, ConnectParams, ReplMessage, ReplicationConn, ReplicationStream};
 use super::pgoutput::{self, KeyHints, Known, PgOutput, Relations};
 use super::spill::Spill;
-use super::{PostgresSourceOptions, quote_ident, quote_literal};
+use super::{quote_ident, quote_literal};
 use crate::change::{Change, Lsn, Position};
+use crate::config;
 use crate::error::{Cause, ErrorClass};
 use crate::retry::{Backoff, Budget};
 use crate::source::emitter::{Emitter, Event, Frontier};
@@ -47,7 +48,7 @@ const MAX_RECONNECTS: u32 = 60;
 const FRONTIER_REPORT_EVERY: Duration = Duration::from_millis(100);
 
 struct State<'a> {
-    opts: &'a PostgresSourceOptions,
+    opts: &'a config::PostgresSource,
     emitter: Emitter,
     /// The frontier as this loop last looked at it (a receiver of its own, so waiting on it
     /// does not borrow the emitter).
@@ -105,7 +106,7 @@ pub(crate) struct Start {
 }
 
 pub(crate) async fn run(
-    opts: &PostgresSourceOptions,
+    opts: &config::PostgresSource,
     params: ConnectParams,
     start: Start,
     io: SourceIo,
@@ -161,7 +162,7 @@ pub(crate) async fn run(
         spill: Spill::new(&opts.spill_dir).map_err(|e| {
             SourceError::fatal(format!(
                 "{}: cannot use spill directory {}: {e}",
-                opts.connector,
+                opts.name,
                 opts.spill_dir.display()
             ))
         })?,
@@ -169,7 +170,7 @@ pub(crate) async fn run(
         params: params.clone(),
     };
     let mut backoff = Backoff::new(
-        format!("{}: replication stream lost; reconnecting", opts.connector),
+        format!("{}: replication stream lost; reconnecting", opts.name),
         Budget::Retries(MAX_RECONNECTS),
     );
     let mut start = slot_lsn;
@@ -186,7 +187,7 @@ pub(crate) async fn run(
         if backoff.attempts() >= MAX_RECONNECTS {
             let message = format!(
                 "{}: giving up after {MAX_RECONNECTS} reconnect attempts; the last one: {}",
-                opts.connector, err.message
+                opts.name, err.message
             );
             return Err(err.reworded(ErrorClass::Fatal, message));
         }
@@ -224,8 +225,8 @@ async fn wait_stop(stop: &mut watch::Receiver<StopMode>) {
     }
 }
 
-fn conn_error(opts: &PostgresSourceOptions, e: ConnError) -> SourceError {
-    let what = format!("{} ({}:{})", opts.connector, opts.host, opts.port);
+fn conn_error(opts: &config::PostgresSource, e: ConnError) -> SourceError {
+    let what = format!("{} ({}:{})", opts.name, opts.host, opts.port);
     let start_over = "To copy every table again from a new slot, run `zipline pipeline apply` \
                       with `--resnapshot`, or set `snapshot: when_needed` on the source";
     match e.code() {
@@ -286,7 +287,7 @@ async fn session(
         .start_replication(&command)
         .await
         .map_err(|e| conn_error(opts, e))?;
-    tracing::info!(connector = %opts.connector, slot = %opts.slot_name, from = %start, "streaming");
+    tracing::info!(connector = %opts.name, slot = %opts.slot_name, from = %start, "streaming");
     st.last_heard = Instant::now();
     loop {
         let full = st.emitter.is_full();
@@ -487,18 +488,15 @@ async fn replay_streamed(
     Ok(flow)
 }
 
-fn undecodable(opts: &PostgresSourceOptions, e: &pgoutput::DecodeError) -> SourceError {
-    SourceError::fatal(format!(
-        "{}: undecodable pgoutput message: {e}",
-        opts.connector
-    ))
+fn undecodable(opts: &config::PostgresSource, e: &pgoutput::DecodeError) -> SourceError {
+    SourceError::fatal(format!("{}: undecodable pgoutput message: {e}", opts.name))
 }
 
-fn spill_error(opts: &PostgresSourceOptions, e: &std::io::Error) -> SourceError {
+fn spill_error(opts: &config::PostgresSource, e: &std::io::Error) -> SourceError {
     SourceError::fatal(format!(
         "{}: spill directory {} (streamed transactions are kept there until they commit; \
          check free space and permissions, or set spill_dir)",
-        opts.connector,
+        opts.name,
         opts.spill_dir.display()
     ))
     .caused_by(Cause::io(e))
@@ -547,7 +545,7 @@ async fn on_data(
         other => {
             return Err(SourceError::fatal(format!(
                 "{}: unexpected pgoutput message {} here",
-                st.opts.connector,
+                st.opts.name,
                 other.name()
             )));
         }
@@ -565,14 +563,14 @@ async fn emit_change(
 
 fn change_error(st: &State<'_>, e: &pgoutput::ChangeError) -> SourceError {
     // Each is a row the source cannot read, or a table the operator must fix first.
-    SourceError::fatal(format!("{}: {e}", st.opts.connector))
+    SourceError::fatal(format!("{}: {e}", st.opts.name))
 }
 
 fn next_position(st: &mut State<'_>) -> Result<Position, SourceError> {
     let tx = st.tx.as_mut().ok_or_else(|| {
         SourceError::fatal(format!(
             "{}: row message outside a transaction",
-            st.opts.connector
+            st.opts.name
         ))
     })?;
     tx.ordinal += 1;

@@ -40,7 +40,8 @@ pub(crate) async fn connect_sql_with(
         cfg.options(options);
     }
     if let Some(pw) = &params.password {
-        cfg.password(pw);
+        // The secret leaves its wrapper here, into the driver's connection settings.
+        cfg.password(pw.expose());
     }
     let mut backoff = Backoff::new(
         format!(

@@ -49,10 +49,10 @@ use tokio::sync::watch;
 use self::chunks::{Engine, Job};
 use self::progress::{Progress, TableProgress};
 use self::reader::Reader;
-use super::PostgresSourceOptions;
 use super::conn::{ConnectParams, ReplicationConn};
 use crate::change::{Lsn, Position, Table};
 use crate::checkpoint::SnapshotState;
+use crate::config;
 use crate::source::snapshot::SnapshotWriter;
 use crate::source::{SourceError, StopMode};
 
@@ -146,7 +146,7 @@ pub(crate) async fn begin(
 
 /// Everything [`run`] works with.
 pub(crate) struct Context<'a> {
-    pub(crate) opts: &'a PostgresSourceOptions,
+    pub(crate) opts: &'a config::PostgresSource,
     pub(crate) params: &'a ConnectParams,
     pub(crate) tables: &'a [Arc<Table>],
     /// Stamped on snapshot changes (see the module docs).
@@ -161,7 +161,7 @@ pub(crate) async fn run(
     exported: Option<Exported>,
     stop: &mut watch::Receiver<StopMode>,
 ) -> Result<Outcome, SourceError> {
-    let connector = &cx.opts.connector;
+    let connector = &cx.opts.name;
     let writer = &setup.writer;
     let mut states = Vec::with_capacity(writer.targets());
     for target in 0..writer.targets() {
@@ -298,7 +298,7 @@ pub(crate) async fn recopy(
     tables: &[Arc<Table>],
     stop: &mut watch::Receiver<StopMode>,
 ) -> Result<u64, SourceError> {
-    let connector = &cx.opts.connector;
+    let connector = &cx.opts.name;
     let retries = cx.opts.connect_retries;
     let readers = futures_util::future::try_join_all(
         (0..setup.parallelism.max(1)).map(|_| Reader::open(cx.params, retries, None)),

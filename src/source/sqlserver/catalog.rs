@@ -17,12 +17,12 @@
 
 use std::sync::Arc;
 
-use super::SqlServerSourceOptions;
 use super::conn::{self, Conn};
 use super::lsn;
 use super::sql;
 use super::types::SqlType;
 use crate::change::{Column, Lsn, Table};
+use crate::config;
 use crate::source::SourceError;
 
 /// One captured column of a capture instance.
@@ -128,7 +128,7 @@ pub(crate) fn plan_reads(table: &Captured, lo: Lsn, hi: Lsn) -> Result<Vec<Read>
 /// instances. Every failure names the table and says what to run.
 pub(crate) async fn resolve(
     conn: &mut Conn,
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     tables: &[(String, String)],
 ) -> Result<Vec<Captured>, SourceError> {
     let doing = "checking the configured tables";
@@ -155,13 +155,13 @@ pub(crate) async fn resolve(
             None => {
                 return Err(SourceError::fatal(format!(
                     "{}: table {schema}.{table} does not exist in database {} (or the user cannot see it)",
-                    opts.connector, opts.database
+                    opts.name, opts.database
                 )));
             }
             Some((_, _, false)) => {
                 return Err(SourceError::fatal(format!(
                     "{}: change data capture is not enabled on table {schema}.{table}; enable it with: {}",
-                    opts.connector,
+                    opts.name,
                     sql::enable_table_hint(schema, table)
                 )));
             }
@@ -184,7 +184,7 @@ pub(crate) async fn resolve(
 /// dropped ones. A table left with no instance means CDC was disabled on it.
 pub(crate) async fn refresh(
     conn: &mut Conn,
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     tables: &mut [Captured],
 ) -> Result<(), SourceError> {
     let doing = "reading cdc.change_tables";
@@ -225,7 +225,7 @@ pub(crate) async fn refresh(
                 }
             };
             if known.is_none() && !table.instances.is_empty() {
-                tracing::info!(connector = %opts.connector, table = %table.qualified(), capture_instance = %name, start_lsn = %lsn::literal(*start), "new capture instance (schema change); following it from its start");
+                tracing::info!(connector = %opts.name, table = %table.qualified(), capture_instance = %name, start_lsn = %lsn::literal(*start), "new capture instance (schema change); following it from its start");
             }
             inst.start_lsn = *start;
             instances.push(inst);
@@ -234,7 +234,7 @@ pub(crate) async fn refresh(
             return Err(SourceError::fatal(format!(
                 "{}: table {} has no capture instance (change data capture was disabled on it); \
                  enable it with: {}",
-                opts.connector,
+                opts.name,
                 table.qualified(),
                 sql::enable_table_hint(&table.schema, &table.name)
             )));
@@ -246,7 +246,7 @@ pub(crate) async fn refresh(
 
 async fn load_instance(
     conn: &mut Conn,
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     schema: &str,
     table: &str,
     name: &str,
@@ -277,7 +277,7 @@ async fn load_instance(
                  (n)char/(n)varchar/(n)text, date, time, datetime, smalldatetime, datetime2, \
                  datetimeoffset, uniqueidentifier, (var)binary, image, xml); leave it out of the \
                  capture instance's @captured_column_list",
-                opts.connector
+                opts.name
             ))
         })?;
         columns.push(CapturedColumn {
@@ -292,7 +292,7 @@ async fn load_instance(
 
 /// Builds an instance from its columns; it must have a key.
 pub(crate) fn instance(
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     schema: &str,
     table: &str,
     name: &str,
@@ -302,7 +302,7 @@ pub(crate) fn instance(
     if columns.is_empty() {
         return Err(SourceError::fatal(format!(
             "{}: capture instance {name} of {schema}.{table} has no captured columns visible to user {}",
-            opts.connector, opts.user
+            opts.name, opts.user
         )));
     }
     if !columns.iter().any(|c| c.is_key) {
@@ -311,7 +311,7 @@ pub(crate) fn instance(
              index that CDC identifies rows by; Zipline needs one to route and apply changes. \
              Add a primary key, then recreate the capture instance (or pass @index_name to \
              sys.sp_cdc_enable_table)",
-            opts.connector
+            opts.name
         )));
     }
     let shape = Table::new(

@@ -15,10 +15,10 @@ use tiberius::{AuthMethod, Client, ColumnData, Config, EncryptionLevel, Row};
 use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
-use super::SqlServerSourceOptions;
 use super::lsn;
 use super::sql;
 use crate::change::Lsn;
+use crate::config;
 use crate::error::{Cause, ErrorClass};
 use crate::source::SourceError;
 
@@ -26,7 +26,7 @@ use crate::source::SourceError;
 pub(crate) type Conn = Client<Compat<TcpStream>>;
 
 /// Opens a connection and sets up the session, within the connect timeout.
-pub(crate) async fn connect(opts: &SqlServerSourceOptions) -> Result<Conn, SourceError> {
+pub(crate) async fn connect(opts: &config::SqlServerSource) -> Result<Conn, SourceError> {
     let attempt = async {
         let tcp = TcpStream::connect((opts.host.as_str(), opts.port))
             .await
@@ -67,10 +67,10 @@ pub(crate) async fn connect(opts: &SqlServerSourceOptions) -> Result<Conn, Sourc
 
 /// Connects, retrying transient failures up to `connect_retries` times with backoff.
 pub(crate) async fn connect_with_retries(
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
 ) -> Result<Conn, SourceError> {
     let mut backoff = crate::retry::Backoff::new(
-        format!("{}: cannot reach SQL Server yet; retrying", opts.connector),
+        format!("{}: cannot reach SQL Server yet; retrying", opts.name),
         crate::retry::Budget::Retries(opts.connect_retries),
     );
     loop {
@@ -91,7 +91,7 @@ pub(crate) async fn connect_with_retries(
     }
 }
 
-fn config(opts: &SqlServerSourceOptions) -> Config {
+fn config(opts: &config::SqlServerSource) -> Config {
     let mut config = Config::new();
     config.host(&opts.host);
     config.port(opts.port);
@@ -99,7 +99,10 @@ fn config(opts: &SqlServerSourceOptions) -> Config {
     config.application_name("zipline");
     config.authentication(AuthMethod::sql_server(
         &opts.user,
-        opts.password.as_deref().unwrap_or(""),
+        // The secret leaves its wrapper only here, into the driver's login.
+        opts.password
+            .as_ref()
+            .map_or("", crate::config::Secret::expose),
     ));
     if opts.encrypt {
         config.encryption(EncryptionLevel::Required);
@@ -113,17 +116,17 @@ fn config(opts: &SqlServerSourceOptions) -> Config {
     config
 }
 
-fn where_(opts: &SqlServerSourceOptions) -> String {
+fn where_(opts: &config::SqlServerSource) -> String {
     format!(
         "{} (SQL Server {}:{}, database {}, user {})",
-        opts.connector, opts.host, opts.port, opts.database, opts.user
+        opts.name, opts.host, opts.port, opts.database, opts.user
     )
 }
 
 /// Runs one statement and collects its first result set.
 pub(crate) async fn query(
     conn: &mut Conn,
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     doing: &str,
     sql: &str,
 ) -> Result<Vec<Row>, SourceError> {
@@ -140,7 +143,7 @@ pub(crate) async fn query(
 /// Runs statements that return nothing of interest.
 pub(crate) async fn execute(
     conn: &mut Conn,
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     doing: &str,
     sql: &str,
 ) -> Result<(), SourceError> {
@@ -155,7 +158,7 @@ pub(crate) async fn execute(
 
 /// What a driver error means for the source.
 pub(crate) fn classify(
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     doing: &str,
     e: &tiberius::error::Error,
 ) -> SourceError {
@@ -239,6 +242,6 @@ pub(crate) fn lsn_at(row: &Row, idx: usize, what: &str) -> Result<Option<Lsn>, S
 }
 
 /// A source error for a result that does not have the expected shape.
-pub(crate) fn bad_result(opts: &SqlServerSourceOptions, doing: &str, e: String) -> SourceError {
+pub(crate) fn bad_result(opts: &config::SqlServerSource, doing: &str, e: String) -> SourceError {
     SourceError::fatal(format!("{}: {doing}: unexpected result: {e}", where_(opts)))
 }

@@ -33,75 +33,17 @@ mod stream;
 mod types;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
 use crate::change::Table;
+use crate::config::{self, SqlServerSnapshot};
 use crate::source::{Source, SourceError, SourceIo, SourceStats, StopMode};
-
-/// Whether a pipeline without a durable frontier first copies the tables' current rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SnapshotMode {
-    /// Copy every row (consistently with the change stream), then stream.
-    Initial,
-    /// Stream only changes committed after the first start.
-    Never,
-}
-
-/// What the source needs to know; built from the pipeline file.
-#[derive(Clone)]
-pub struct SqlServerSourceOptions {
-    /// Connector name, for logs and errors.
-    pub connector: String,
-    /// Host name or IP address.
-    pub host: String,
-    /// TCP port.
-    pub port: u16,
-    /// Database holding the tables.
-    pub database: String,
-    /// SQL Server login.
-    pub user: String,
-    /// Password; never logged or printed.
-    pub password: Option<String>,
-    /// Tables as `(schema, table)`.
-    pub tables: Vec<(String, String)>,
-    /// Pause between polls that found nothing new.
-    pub poll_interval: Duration,
-    /// Encrypt the connection (TLS), failing if the server cannot.
-    pub encrypt: bool,
-    /// Accept the server's certificate without validating it.
-    pub trust_server_certificate: bool,
-    /// What to do without a durable frontier.
-    pub snapshot: SnapshotMode,
-    /// Time allowed for one connection attempt.
-    pub connect_timeout: Duration,
-    /// Further attempts after a failed connect at startup.
-    pub connect_retries: u32,
-}
-
-impl std::fmt::Debug for SqlServerSourceOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqlServerSourceOptions")
-            .field("connector", &self.connector)
-            .field("host", &self.host)
-            .field("port", &self.port)
-            .field("database", &self.database)
-            .field("user", &self.user)
-            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
-            .field("tables", &self.tables)
-            .field("poll_interval", &self.poll_interval)
-            .field("encrypt", &self.encrypt)
-            .field("trust_server_certificate", &self.trust_server_certificate)
-            .field("snapshot", &self.snapshot)
-            .finish_non_exhaustive()
-    }
-}
 
 /// A SQL Server source, between preflight and streaming.
 #[derive(Debug)]
 pub struct SqlServerSource {
-    opts: SqlServerSourceOptions,
+    opts: config::SqlServerSource,
     captured: Vec<catalog::Captured>,
     tables: Vec<Arc<Table>>,
 }
@@ -109,13 +51,13 @@ pub struct SqlServerSource {
 impl SqlServerSource {
     /// Read-only preflight: reach the server (bounded retries), check CDC on the database and
     /// the tables, load the capture instances.
-    pub async fn preflight(opts: SqlServerSourceOptions) -> Result<Self, SourceError> {
+    pub async fn preflight(opts: config::SqlServerSource) -> Result<Self, SourceError> {
         let mut conn = conn::connect_with_retries(&opts).await?;
         check_database(&mut conn, &opts).await?;
         let captured = catalog::resolve(&mut conn, &opts, &opts.tables).await?;
         let tables = captured.iter().map(|c| c.current().shape.clone()).collect();
         for c in &captured {
-            tracing::info!(connector = %opts.connector, table = %c.qualified(), capture_instance = %c.current().name, columns = c.current().columns.len(), "table captured");
+            tracing::info!(connector = %opts.name, table = %c.qualified(), capture_instance = %c.current().name, columns = c.current().columns.len(), "table captured");
         }
         let _ = conn.close().await;
         Ok(SqlServerSource {
@@ -128,14 +70,14 @@ impl SqlServerSource {
 
 async fn check_database(
     conn: &mut conn::Conn,
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
 ) -> Result<(), SourceError> {
     let doing = "checking the database's CDC settings";
     let rows = conn::query(conn, opts, doing, sql::DATABASE_STATE).await?;
     let row = rows.first().ok_or_else(|| {
         SourceError::fatal(format!(
             "{}: database {} is not visible to user {}",
-            opts.connector, opts.database, opts.user
+            opts.name, opts.database, opts.user
         ))
     })?;
     let bad = |e| conn::bad_result(opts, doing, e);
@@ -145,16 +87,16 @@ async fn check_database(
         return Err(SourceError::fatal(format!(
             "{}: change data capture is not enabled on database {}; a member of sysadmin can \
              enable it with: {} (then enable each table with sys.sp_cdc_enable_table)",
-            opts.connector,
+            opts.name,
             opts.database,
             sql::enable_database_hint(&opts.database)
         )));
     }
-    if opts.snapshot == SnapshotMode::Initial && snapshot_isolation != Some(1) {
+    if opts.snapshot == SqlServerSnapshot::Initial && snapshot_isolation != Some(1) {
         return Err(SourceError::fatal(format!(
             "{}: the initial snapshot reads under snapshot isolation, which database {} does \
              not allow; enable it with: {} (or set `snapshot: never`)",
-            opts.connector,
+            opts.name,
             opts.database,
             sql::snapshot_isolation_hint(&opts.database)
         )));
@@ -181,12 +123,12 @@ async fn check_database(
                     "{}: database {} has no CDC capture job, so its change tables never fill; \
                      create it with: EXEC sys.sp_cdc_add_job @job_type = N'capture'; and make \
                      sure SQL Server Agent runs",
-                    opts.connector, opts.database
+                    opts.name, opts.database
                 )));
             }
         }
         Err(e) => {
-            tracing::warn!(connector = %opts.connector, error = %crate::error::Report(&e), "cannot check for the CDC capture job; make sure SQL Server Agent runs the capture job of this database");
+            tracing::warn!(connector = %opts.name, error = %crate::error::Report(&e), "cannot check for the CDC capture job; make sure SQL Server Agent runs the capture job of this database");
         }
     }
     Ok(())
@@ -194,7 +136,7 @@ async fn check_database(
 
 impl Source for SqlServerSource {
     fn name(&self) -> &str {
-        &self.opts.connector
+        &self.opts.name
     }
 
     fn tables(&self) -> &[Arc<Table>] {
@@ -206,7 +148,7 @@ impl Source for SqlServerSource {
     }
 
     fn takes_snapshot(&self) -> bool {
-        self.opts.snapshot == SnapshotMode::Initial
+        self.opts.snapshot == SqlServerSnapshot::Initial
     }
 
     fn reset(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {
@@ -219,7 +161,7 @@ impl Source for SqlServerSource {
     ) -> BoxFuture<'a, Result<Vec<crate::checkpoint::TableRecord>, SourceError>> {
         let message = format!(
             "{}: copying single tables again is not supported for source/sqlserver",
-            self.opts.connector
+            self.opts.name
         );
         Box::pin(async move { Err(SourceError::fatal(message)) })
     }
@@ -247,21 +189,12 @@ impl Source for SqlServerSource {
 pub(crate) mod tests {
     use super::*;
 
-    pub(crate) fn options() -> SqlServerSourceOptions {
-        SqlServerSourceOptions {
-            connector: "mssql".into(),
-            host: "127.0.0.1".into(),
-            port: 1433,
-            database: "shop".into(),
-            user: "zipline".into(),
-            password: Some("hunter2-secret".into()),
-            tables: vec![("dbo".into(), "orders".into())],
-            poll_interval: Duration::from_millis(500),
-            encrypt: true,
-            trust_server_certificate: false,
-            snapshot: SnapshotMode::Initial,
-            connect_timeout: Duration::from_secs(10),
-            connect_retries: 5,
+    pub(crate) fn options() -> config::SqlServerSource {
+        let entry = "name: mssql\ntype: source/sqlserver\nhost: 127.0.0.1\ndatabase: shop\n\
+                     user: zipline\npassword: hunter2-secret\ntables: [orders]\n";
+        match config::connector_for_tests(entry) {
+            config::ConnectorKind::SqlServerSource(source) => source,
+            other => panic!("the entry is {}", other.type_name()),
         }
     }
 

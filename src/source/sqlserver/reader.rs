@@ -27,13 +27,13 @@ use std::collections::HashMap;
 
 use tiberius::Row;
 
-use super::SqlServerSourceOptions;
 use super::catalog::{Captured, Instance};
 use super::conn::{self, Conn};
 use super::lsn::{self, Operation, Ordinals, RowOrder};
 use super::sql;
 use super::types::{self, mask_has};
 use crate::change::{Change, Lsn, Op, Position, Value};
+use crate::config;
 use crate::source::SourceError;
 
 /// One change row as read.
@@ -59,7 +59,7 @@ pub(crate) struct Tx {
 /// The current highest LSN the capture job has processed (`0` before its first run).
 pub(crate) async fn max_lsn(
     conn: &mut Conn,
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
 ) -> Result<Lsn, SourceError> {
     let doing = "reading sys.fn_cdc_get_max_lsn()";
     let rows = conn::query(conn, opts, doing, sql::MAX_LSN).await?;
@@ -74,7 +74,7 @@ pub(crate) async fn max_lsn(
 /// The window above `lo`, at most up to `max`: its end and the commit LSNs (with ages) in it.
 pub(crate) async fn window(
     conn: &mut Conn,
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     lo: Lsn,
     max: Lsn,
 ) -> Result<(Lsn, HashMap<Lsn, i64>), SourceError> {
@@ -105,7 +105,7 @@ pub(crate) async fn window(
 /// Reads every table's change rows with commit LSN in `(lo, hi]`.
 pub(crate) async fn read(
     conn: &mut Conn,
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     tables: &[Captured],
     lo: Lsn,
     hi: Lsn,
@@ -113,7 +113,7 @@ pub(crate) async fn read(
     let mut out = Vec::new();
     for (t, table) in tables.iter().enumerate() {
         let reads = super::catalog::plan_reads(table, lo, hi)
-            .map_err(|e| SourceError::fatal(format!("{}: {e}", opts.connector)))?;
+            .map_err(|e| SourceError::fatal(format!("{}: {e}", opts.name)))?;
         for r in reads {
             let inst = &table.instances[r.instance];
             let doing = format!(
@@ -134,7 +134,7 @@ pub(crate) async fn read(
 }
 
 fn parse_row(
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     table: &Captured,
     t: usize,
     instance: usize,
@@ -144,7 +144,7 @@ fn parse_row(
     let bad = |e: String| {
         SourceError::fatal(format!(
             "{}: change row of {} (capture instance {}): {e}",
-            opts.connector,
+            opts.name,
             table.qualified(),
             inst.name
         ))
@@ -166,7 +166,7 @@ fn parse_row(
     let values = row_values(inst, row, 4).map_err(|e| {
         SourceError::fatal(format!(
             "{}: change at LSN {} of {}: {e}",
-            opts.connector,
+            opts.name,
             lsn::literal(start_lsn),
             table.qualified()
         ))

@@ -75,11 +75,11 @@ pub(super) async fn run(
     let mut ordinal = u32::try_from(held).map_err(|_| {
         SourceError::fatal(format!(
             "{}: transaction {} is too large",
-            opts.connector,
+            opts.name,
             lsn::literal(l0)
         ))
     })?;
-    tracing::info!(connector = %opts.connector, lsn = %lsn::literal(l0), "initial snapshot started");
+    tracing::info!(connector = %opts.name, lsn = %lsn::literal(l0), "initial snapshot started");
     st.phase = Phase::Snapshot { after: Some(l0) };
     let begin = Event::Begin {
         commit_lsn: l0,
@@ -109,7 +109,7 @@ pub(super) async fn run(
         {
             let QueryItem::Row(row) = item else { continue };
             let values = row_values(&inst, &row, 0).map_err(|e| {
-                SourceError::fatal(format!("{}: snapshot of {qualified}: {e}", opts.connector))
+                SourceError::fatal(format!("{}: snapshot of {qualified}: {e}", opts.name))
             })?;
             ordinal = ordinal
                 .checked_add(1)
@@ -117,7 +117,7 @@ pub(super) async fn run(
                 .ok_or_else(|| {
                     SourceError::fatal(format!(
                         "{}: the snapshot has more rows than positions can number ({})",
-                        opts.connector,
+                        opts.name,
                         lsn::WHOLE_TRANSACTION - 1
                     ))
                 })?;
@@ -137,7 +137,7 @@ pub(super) async fn run(
                 return Ok(Flow::Stop);
             }
         }
-        tracing::info!(connector = %opts.connector, table = %qualified, rows = count, "table copied");
+        tracing::info!(connector = %opts.name, table = %qualified, rows = count, "table copied");
         total += count;
     }
     conn::execute(
@@ -151,7 +151,7 @@ pub(super) async fn run(
         return Ok(Flow::Stop);
     }
     st.lo = l0;
-    tracing::info!(connector = %opts.connector, lsn = %lsn::literal(l0), rows = total, seconds = started.elapsed().as_secs_f64(), "initial snapshot read; streaming changes after it");
+    tracing::info!(connector = %opts.name, lsn = %lsn::literal(l0), rows = total, seconds = started.elapsed().as_secs_f64(), "initial snapshot read; streaming changes after it");
     Ok(Flow::Continue)
 }
 
@@ -177,7 +177,7 @@ async fn wait_for_capture(
         if last_warning.is_none_or(|w| w.elapsed() >= WAIT_WARNING_EVERY) {
             last_warning = Some(Instant::now());
             tracing::warn!(
-                connector = %st.opts.connector,
+                connector = %st.opts.name,
                 max_lsn = %lsn::literal(max),
                 waited_s = since.elapsed().as_secs(),
                 "waiting for the CDC capture job to process the log past the capture instances' start \

@@ -28,8 +28,8 @@ use super::lsn::{self, WHOLE_TRANSACTION};
 use super::reader;
 use super::snapshot;
 use super::sql;
-use super::{SnapshotMode, SqlServerSourceOptions};
 use crate::change::{Lsn, Position, now_micros_since_2000};
+use crate::config::{self, SqlServerSnapshot};
 use crate::error::ErrorClass;
 use crate::retry::{Backoff, Budget};
 use crate::source::emitter::{Emitter, Event};
@@ -58,7 +58,7 @@ pub(super) enum Flow {
 }
 
 pub(super) struct State<'a> {
-    pub(super) opts: &'a SqlServerSourceOptions,
+    pub(super) opts: &'a config::SqlServerSource,
     pub(super) tables: Vec<Captured>,
     emitter: Emitter,
     stop: watch::Receiver<StopMode>,
@@ -69,14 +69,14 @@ pub(super) struct State<'a> {
 }
 
 pub(super) async fn run(
-    opts: &SqlServerSourceOptions,
+    opts: &config::SqlServerSource,
     tables: Vec<Captured>,
     io: SourceIo,
     stop: watch::Receiver<StopMode>,
     stats: Arc<SourceStats>,
 ) -> Result<(), SourceError> {
     let start = io.resume;
-    tracing::info!(connector = %opts.connector, frontier = %start.map_or_else(|| "none".to_owned(), describe), "durable frontier from the sinks");
+    tracing::info!(connector = %opts.name, frontier = %start.map_or_else(|| "none".to_owned(), describe), "durable frontier from the sinks");
     let mut st = State {
         opts,
         tables,
@@ -87,10 +87,7 @@ pub(super) async fn run(
         lo: Lsn(0),
     };
     let mut backoff = Backoff::new(
-        format!(
-            "{}: SQL Server connection lost; reconnecting",
-            opts.connector
-        ),
+        format!("{}: SQL Server connection lost; reconnecting", opts.name),
         Budget::Retries(MAX_RECONNECTS),
     );
     loop {
@@ -108,7 +105,7 @@ pub(super) async fn run(
         if backoff.attempts() >= MAX_RECONNECTS {
             let message = format!(
                 "{}: giving up after {MAX_RECONNECTS} reconnect attempts; the last one: {}",
-                opts.connector, err.message
+                opts.name, err.message
             );
             return Err(err.reworded(ErrorClass::Fatal, message));
         }
@@ -159,7 +156,7 @@ async fn session(st: &mut State<'_>) -> Result<Flow, SourceError> {
         }
         st.phase = Phase::Stream;
     }
-    tracing::info!(connector = %st.opts.connector, after = %lsn::literal(st.lo), "streaming changes");
+    tracing::info!(connector = %st.opts.name, after = %lsn::literal(st.lo), "streaming changes");
     let mut full = true;
     loop {
         let flow = if full {
@@ -185,10 +182,10 @@ async fn decide(
 ) -> Result<(), SourceError> {
     let opts = st.opts;
     st.phase = match start {
-        None if opts.snapshot == SnapshotMode::Initial => Phase::Snapshot { after: None },
+        None if opts.snapshot == SqlServerSnapshot::Initial => Phase::Snapshot { after: None },
         None => {
             st.lo = reader::max_lsn(conn, opts).await?;
-            tracing::info!(connector = %opts.connector, lsn = %lsn::literal(st.lo), "no durable frontier and `snapshot: never`: streaming changes committed from now on");
+            tracing::info!(connector = %opts.name, lsn = %lsn::literal(st.lo), "no durable frontier and `snapshot: never`: streaming changes committed from now on");
             Phase::Stream
         }
         Some(p) if p.ordinal == WHOLE_TRANSACTION => {
@@ -198,18 +195,18 @@ async fn decide(
         Some(p) => {
             let held = changes_at(st, conn, p.lsn).await?;
             if u64::from(p.ordinal) <= held {
-                tracing::info!(connector = %opts.connector, position = %describe(p), "resuming inside a transaction; lanes skip what they committed");
+                tracing::info!(connector = %opts.name, position = %describe(p), "resuming inside a transaction; lanes skip what they committed");
                 st.lo = lsn::prev(p.lsn);
                 Phase::Stream
-            } else if opts.snapshot == SnapshotMode::Initial {
-                tracing::info!(connector = %opts.connector, position = %describe(p), "the initial snapshot was interrupted; taking a new one");
+            } else if opts.snapshot == SqlServerSnapshot::Initial {
+                tracing::info!(connector = %opts.name, position = %describe(p), "the initial snapshot was interrupted; taking a new one");
                 Phase::Snapshot { after: Some(p.lsn) }
             } else {
                 return Err(SourceError::fatal(format!(
                     "{}: the initial snapshot at LSN {} was interrupted and `snapshot: never` \
                      forbids finishing it; set `snapshot: initial` so that the rows it did \
                      not copy are not missing",
-                    opts.connector,
+                    opts.name,
                     lsn::literal(p.lsn)
                 )));
             }
@@ -232,7 +229,7 @@ pub(super) async fn changes_at(
     let mut total = 0u64;
     for table in &st.tables {
         let reads = catalog::plan_reads(table, lsn::prev(at), at)
-            .map_err(|e| SourceError::fatal(format!("{}: {e}", st.opts.connector)))?;
+            .map_err(|e| SourceError::fatal(format!("{}: {e}", st.opts.name)))?;
         for r in reads {
             let inst = &table.instances[r.instance];
             let doing = format!(
@@ -265,7 +262,7 @@ async fn poll(st: &mut State<'_>, conn: &mut Conn) -> Result<(Flow, bool), Sourc
     let (hi, ages) = reader::window(conn, opts, st.lo, max).await?;
     let rows = reader::read(conn, opts, &st.tables, st.lo, hi).await?;
     let txs = reader::assemble(&st.tables, rows, &ages)
-        .map_err(|e| SourceError::fatal(format!("{}: {e}", opts.connector)))?;
+        .map_err(|e| SourceError::fatal(format!("{}: {e}", opts.name)))?;
     let now = now_micros_since_2000();
     for tx in txs {
         st.stats
@@ -347,14 +344,14 @@ pub(super) async fn pause(st: &mut State<'_>, delay: Duration) -> Result<Flow, S
 /// what it holds (and records the frontier). Abort: end at once.
 async fn on_stop(st: &mut State<'_>) -> Result<(), SourceError> {
     if *st.stop.borrow() != StopMode::Abort {
-        tracing::info!(connector = %st.opts.connector, "draining lanes");
+        tracing::info!(connector = %st.opts.name, "draining lanes");
         let mut stop = st.stop.clone();
         tokio::select! {
             _ = st.emitter.close() => {}
             () = aborted(&mut stop) => {}
         }
     }
-    tracing::info!(connector = %st.opts.connector, emitted_up_to = %lsn::literal(st.lo), "stopped");
+    tracing::info!(connector = %st.opts.name, emitted_up_to = %lsn::literal(st.lo), "stopped");
     Ok(())
 }
 

@@ -88,7 +88,7 @@ pub(super) async fn on_stop(
             if let Flow::Stopped = flush(st, stream).await? {
                 return Ok(Flow::Stopped);
             }
-            tracing::info!(connector = %st.opts.connector, "draining lanes");
+            tracing::info!(connector = %st.opts.name, "draining lanes");
             // Closing the stream lets each lane commit what it holds and end; the frontier
             // moves until the runtime has ended.
             let _ = st.emitter.close().await;
@@ -102,7 +102,7 @@ pub(super) async fn on_stop(
                 }
             }
             report(st, stream, false).await?;
-            tracing::info!(connector = %st.opts.connector, confirmed = %st.reported, "drained; confirmed the durable frontier");
+            tracing::info!(connector = %st.opts.name, confirmed = %st.reported, "drained; confirmed the durable frontier");
             Ok(Flow::Stopped)
         }
     }
@@ -119,7 +119,7 @@ pub(super) async fn watchdog(
     if quiet >= st.opts.receive_timeout {
         return Err(SourceError::transient(format!(
             "{}: no message from the server for {:.1}s (receive_timeout); the connection is presumed lost",
-            st.opts.connector,
+            st.opts.name,
             quiet.as_secs_f64()
         )));
     }
@@ -166,7 +166,7 @@ pub(super) async fn report(
         .await
         .map_err(|e| conn_error(st.opts, e))?;
     if frontier > st.reported {
-        tracing::debug!(connector = %st.opts.connector, flush = %frontier, "confirmed durable frontier");
+        tracing::debug!(connector = %st.opts.name, flush = %frontier, "confirmed durable frontier");
     }
     st.reported = frontier;
     st.last_report = Instant::now();

@@ -123,7 +123,7 @@ fn event_error(st: &State<'_>, event: TableEvent) -> SourceError {
             change: event.change,
             at: event.at,
         },
-        ..SourceError::fatal(format!("{}: {what}", st.opts.connector))
+        ..SourceError::fatal(format!("{}: {what}", st.opts.name))
     }
 }
 
@@ -174,7 +174,7 @@ pub(super) async fn stop_at(
     if let Err(other) = settled.await
         && !matches!(other.kind, SourceErrorKind::TableChanged { .. })
     {
-        tracing::warn!(connector = %st.opts.connector, error = %crate::error::Report(&other), "could not confirm the changes before the table's change");
+        tracing::warn!(connector = %st.opts.name, error = %crate::error::Report(&other), "could not confirm the changes before the table's change");
     }
     err
 }

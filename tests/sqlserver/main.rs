@@ -1,0 +1,10 @@
+//! The SQL Server CDC source: against a TDS mock (`mock`, runs everywhere) and against a
+//! live server when one is configured (`live`).
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../e2e/mod.rs"]
+mod e2e;
+
+mod live;
+mod mock;

@@ -1,0 +1,13 @@
+//! WebAssembly transforms: the guests the host loads and refuses (`guests`), the example
+//! guests in every language (`examples`), the `zipline transform` commands (`cli`), and
+//! transforms on running pipelines (`pipelines`).
+
+#[path = "../common/mod.rs"]
+mod common;
+#[path = "../e2e/mod.rs"]
+mod e2e;
+
+mod cli;
+mod examples;
+mod guests;
+mod pipelines;
