@@ -17,8 +17,7 @@ use std::sync::Arc;
 
 use crate::change::{self, Change, Lsn, Op, Position};
 
-/// What `bindgen!` makes of `wit/`. The `transform` export is called through [`super::abi`]'s
-/// types instead of the generated `call_transform` (see there why).
+/// What `bindgen!` makes of `wit/`; [`super::abi`] says how `limits.output` is kept.
 pub(super) mod generated {
     wasmtime::component::bindgen!({
         path: "wit",
@@ -170,7 +169,7 @@ impl InputBatch {
 
 /// The flat `values` list and `data` buffer of a batch being built.
 struct Values {
-    values: Vec<w::Packed>,
+    values: Vec<w::Value>,
     data: Vec<u8>,
     buffers: Buffers,
     spare: Spare,
@@ -229,7 +228,7 @@ impl Values {
         let start = self.values.len() as u32;
         for v in vs.drain(..) {
             let wv = self.lay_out(v);
-            self.values.push(w::Packed::new(wv));
+            self.values.push(wv);
         }
         if vs.capacity() > 0 {
             let pool = if key {
@@ -309,7 +308,7 @@ pub(super) struct Data<'a> {
 }
 
 impl<'a> Data<'a> {
-    fn bytes(&self, s: w::Span) -> Result<&'a [u8], String> {
+    pub(super) fn bytes(&self, s: w::Span) -> Result<&'a [u8], String> {
         let (start, len) = (s.start as usize, s.len as usize);
         let n = self.input.len();
         let found = if start + len <= n {
@@ -356,12 +355,12 @@ impl<'a> Data<'a> {
     /// Appends the values `vs`, their spans resolved, to `out`.
     pub(super) fn resolve(
         &self,
-        vs: &[w::Packed],
+        vs: &[w::Value],
         out: &mut Vec<change::Value>,
     ) -> Result<(), String> {
         out.reserve(vs.len());
         for v in vs {
-            out.push(self.value(v.get())?);
+            out.push(self.value(*v)?);
         }
         Ok(())
     }
@@ -576,7 +575,7 @@ pub(crate) mod tests {
         assert_eq!((wc.key.start, wc.key.len), (0, 1));
         assert_eq!(wc.old_key.map(|s| (s.start, s.len)), Some((1, 1)));
         assert_eq!((wc.values.start, wc.values.len), (2, zoo.len() as u32));
-        let w::Value::Uuid((hi, _)) = input.wit.values[2].get() else {
+        let w::Value::Uuid((hi, _)) = input.wit.values[2] else {
             panic!("{:?}", input.wit.values[2])
         };
         assert_eq!(hi.to_be_bytes(), u[..8]);

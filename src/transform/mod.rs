@@ -15,9 +15,8 @@
 //! - [`host`]: a store's state — memory limiter, an empty WASI context (the sandbox), guest
 //!   logs and stdout/stderr into tracing;
 //! - [`bindings`]: `bindgen!` types and the `Change` ↔ WIT conversions, with output checks;
-//!   [`abi`]: the batch's `values` and `changes` lists written and read in the canonical ABI by
-//!   hand, a list at a time; [`lift`]: the output lifted only when its size, counted from its
-//!   lengths, is within `limits.output`;
+//!   [`abi`]: the output lifted lazily through wasmtime's public `WasmList`/`WasmStr`, so its
+//!   size is checked against `limits.output` before anything is copied;
 //! - [`runner`]: one instance: `init`, then `transform` calls under the limits;
 //! - [`policy`]: [`Transformer`], restarts after traps, blame isolation, `on_error`;
 //! - [`dead_letter`] and [`json`]: the dead-letter file and the change JSON format.
@@ -35,7 +34,6 @@ mod dead_letter;
 mod engine;
 mod host;
 pub mod json;
-mod lift;
 mod output;
 mod policy;
 mod runner;

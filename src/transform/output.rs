@@ -117,6 +117,7 @@ pub(crate) fn check_output(
         let blame = |m: String| format!("{} ({}): {m}", what(), table.qualified_name());
         let spans = Spans::of(&out.values, c).map_err(blame)?;
         check_shape(table, op, &spans).map_err(blame)?;
+        check_key(table, op, &spans, &data).map_err(blame)?;
         bytes += 64 + spans.size();
         if bytes > max_bytes {
             return Err(format!(
@@ -124,7 +125,7 @@ pub(crate) fn check_output(
                  values come to more than that once resolved, at output change #{n}"
             ));
         }
-        let resolve = |vs: &[w::Packed], key: bool| -> Result<Vec<change::Value>, String> {
+        let resolve = |vs: &[w::Value], key: bool| -> Result<Vec<change::Value>, String> {
             let mut out = input.spare.list(vs.len(), key);
             data.resolve(vs, &mut out)?;
             Ok(out)
@@ -170,13 +171,13 @@ pub(crate) fn check_output(
 
 /// One output change's value spans, resolved against the output's `values`.
 struct Spans<'a> {
-    key: &'a [w::Packed],
-    old_key: Option<&'a [w::Packed]>,
-    values: &'a [w::Packed],
+    key: &'a [w::Value],
+    old_key: Option<&'a [w::Value]>,
+    values: &'a [w::Value],
 }
 
 impl<'a> Spans<'a> {
-    fn of(values: &'a [w::Packed], c: &w::Change) -> Result<Self, String> {
+    fn of(values: &'a [w::Value], c: &w::Change) -> Result<Self, String> {
         let get = |what: &str, s: &w::Span| {
             let (start, len) = (s.start as usize, s.len as usize);
             values.get(start..start + len).ok_or_else(|| {
@@ -200,7 +201,7 @@ impl<'a> Spans<'a> {
             .iter()
             .chain(self.values)
             .chain(self.old_key.unwrap_or(&[]));
-        all.map(|v| 16 + data_len(v.get())).sum()
+        all.map(|v| 16 + data_len(*v)).sum()
     }
 }
 
@@ -248,16 +249,80 @@ fn check_shape(table: &change::Table, op: Op, c: &Spans<'_>) -> Result<(), Strin
             table.columns.len()
         ));
     }
-    if op != Op::Update && c.values.iter().any(|v| v.is_unchanged()) {
+    if op != Op::Update && c.values.iter().any(|v| matches!(v, w::Value::Unchanged)) {
         return Err(format!(
             "`unchanged` is only allowed in updates, found it in a {}",
             op.as_str()
         ));
     }
-    if c.key.iter().any(|v| v.is_unchanged()) {
+    if c.key.iter().any(|v| matches!(v, w::Value::Unchanged)) {
         return Err("`unchanged` is not allowed in a key".to_owned());
     }
     Ok(())
+}
+
+/// An insert's or update's key must be its key columns' values: lanes route and sinks apply
+/// by the key, so a key column set without its key would write one row and route another.
+fn check_key(table: &change::Table, op: Op, c: &Spans<'_>, data: &Data<'_>) -> Result<(), String> {
+    if !matches!(op, Op::Insert | Op::Update) {
+        return Ok(());
+    }
+    let key_columns = table
+        .columns
+        .iter()
+        .enumerate()
+        .filter(|(_, col)| col.is_key);
+    for ((i, col), k) in key_columns.zip(c.key) {
+        let v = &c.values[i];
+        if matches!(v, w::Value::Unchanged) || same_value(v, k, data)? {
+            continue;
+        }
+        return Err(format!(
+            "key column {} is {} in the values but {} in the key: a change's key must be its \
+             key columns' values (set both, or use a transform SDK, which does)",
+            col.name,
+            show(v, data),
+            show(k, data)
+        ));
+    }
+    Ok(())
+}
+
+/// Whether two WIT values are equal, texts by their bytes wherever their spans point.
+fn same_value(a: &w::Value, b: &w::Value, data: &Data<'_>) -> Result<bool, String> {
+    use w::Value as V;
+    Ok(match (a, b) {
+        (V::Numeric(x), V::Numeric(y))
+        | (V::Text(x), V::Text(y))
+        | (V::Bytes(x), V::Bytes(y))
+        | (V::Json(x), V::Json(y)) => data.bytes(*x)? == data.bytes(*y)?,
+        (V::Other(x), V::Other(y)) => {
+            x.type_oid == y.type_oid && data.bytes(x.text)? == data.bytes(y.text)?
+        }
+        (V::Float4(x), V::Float4(y)) => x.to_bits() == y.to_bits(),
+        (V::Float8(x), V::Float8(y)) => x.to_bits() == y.to_bits(),
+        _ => a == b,
+    })
+}
+
+/// A value for a message: its text (cut) or its case and number.
+fn show(v: &w::Value, data: &Data<'_>) -> String {
+    use w::Value as V;
+    let text = |s: &w::Span| match data.bytes(*s) {
+        Ok(b) => {
+            let t = String::from_utf8_lossy(&b[..b.len().min(64)]).into_owned();
+            format!("{t:?}")
+        }
+        Err(e) => e,
+    };
+    match v {
+        V::Numeric(s) | V::Text(s) | V::Json(s) => text(s),
+        V::Other(o) => text(&o.text),
+        V::Int2(i) => i.to_string(),
+        V::Int4(i) => i.to_string(),
+        V::Int8(i) => i.to_string(),
+        other => format!("{other:?}"),
+    }
 }
 
 #[cfg(test)]
@@ -326,10 +391,13 @@ mod tests {
             check(&|o| o.changes[0].position.ordinal = 9),
             "output change #0: position 0x00010000000000000001#9 is not the position of any input change"
         );
-        assert!(
-            check(&|o| o.values[2] = w::Value::Unchanged.into())
-                .contains("only allowed in updates")
+        assert_eq!(
+            check(&|o| o.values[1] = w::Value::Int8(2)),
+            "output change #0 (public.users): key column id is 2 in the values but 1 in the \
+             key: a change's key must be its key columns' values (set both, or use a transform \
+             SDK, which does)"
         );
+        assert!(check(&|o| o.values[2] = w::Value::Unchanged).contains("only allowed in updates"));
         assert_eq!(
             check(&|o| o.errors.push(w::ChangeError {
                 index: 3,
@@ -343,8 +411,7 @@ mod tests {
                 o.values[2] = w::Value::Text(w::Span {
                     start: 1,
                     len: 20_000,
-                })
-                .into();
+                });
             }),
             "output exceeds the limit of 10000 bytes (limits.output): its changes' values come \
              to more than that once resolved, at output change #0"
@@ -354,9 +421,8 @@ mod tests {
             "output change #0 (public.users): values span 2+2 is out of range (the output has 3 values)"
         );
         // Data spans: the input's data is "x" (1 byte); the output's starts at 1.
-        let text = |o: &mut Output, start, len| {
-            o.values[2] = w::Value::Text(w::Span { start, len }).into()
-        };
+        let text =
+            |o: &mut Output, start, len| o.values[2] = w::Value::Text(w::Span { start, len });
         assert_eq!(
             check(&|o| {
                 o.data = b"yz".to_vec();
@@ -389,7 +455,7 @@ mod tests {
         let mut out = echo(&input);
         // Mask the second email: new bytes after the input's 9, the first email passed through.
         out.data = b"b***@y".to_vec();
-        out.values[5] = w::Value::Text(w::Span { start: 9, len: 6 }).into();
+        out.values[5] = w::Value::Text(w::Span { start: 9, len: 6 });
         let checked = check_output(out, &input, &mut TableCache::default(), u64::MAX).unwrap();
         let emails: Vec<_> = checked
             .outputs

@@ -9,13 +9,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use wasmtime::component::TypedFunc;
 use wasmtime::{Store, Trap};
 
-use super::bindings::{Batch, InputBatch, Transform};
+use super::abi::{OutputSize, hostcall_fuel};
+use super::bindings::{InputBatch, Transform};
 use super::engine::{Module, TICK};
 use super::host::{HostState, LogTags};
-use super::lift::{Refusal, Returned, hostcall_fuel, with_output_limit};
 use super::output::{Checked, TableCache, check_output};
 use crate::config::TransformLimits;
 
@@ -28,14 +27,9 @@ pub(crate) struct Failure {
     pub(crate) broken: bool,
 }
 
-/// The `transform` export, typed with [`super::abi`]'s hand-lowered lists and
-/// [`super::lift`]'s output under the limit.
-type TransformFunc = TypedFunc<(Arc<Batch>,), (Result<Returned, Refusal>,)>;
-
 pub(crate) struct Instance {
     store: Store<HostState>,
     bindings: Transform,
-    transform: TransformFunc,
     limits: TransformLimits,
 }
 
@@ -62,12 +56,8 @@ impl Instance {
             .pre
             .instance_pre()
             .instantiate(&mut store)
-            .and_then(|instance| {
-                let bindings = Transform::new(&mut store, &instance)?;
-                let transform = instance.get_typed_func(&mut store, "transform")?;
-                Ok((bindings, transform))
-            });
-        let (bindings, transform) = match linked {
+            .and_then(|instance| Transform::new(&mut store, &instance));
+        let bindings = match linked {
             Ok(b) => b,
             Err(e) => {
                 let why = describe(&e, &mut store, limits.timeout);
@@ -78,7 +68,6 @@ impl Instance {
         let mut inst = Instance {
             store,
             bindings,
-            transform,
             limits,
         };
         let result = inst.bindings.call_init(&mut inst.store, config);
@@ -103,29 +92,29 @@ impl Instance {
             .set_epoch_deadline(deadline_ticks(self.limits.timeout));
         self.store.data_mut().take_last_error_log();
         let limit = self.limits.output;
-        let result = with_output_limit(limit, || {
-            self.transform
-                .call(&mut self.store, (Arc::clone(&input.wit),))
-                .map(|(r,)| r)
-        });
+        let result = self.bindings.call_transform(&mut self.store, &input.wit);
         self.store.data_mut().end_call();
         let invalid = |m: String| Failure {
             reason: format!("invalid output: {m}"),
             broken: false,
         };
         match result {
-            Ok(Ok(Returned::Output(output))) => {
+            Ok(Ok(output)) => {
+                let size = OutputSize::of(&output);
+                if size.total > limit {
+                    return Err(invalid(size.refusal(limit)));
+                }
                 check_output(output, input, cache, limit).map_err(invalid)
             }
-            Ok(Ok(Returned::TooLarge(size))) => Err(invalid(size.refusal(limit))),
-            Ok(Err(Refusal::Message(msg))) => Err(Failure {
+            Ok(Err(msg)) if msg.len() as u64 > limit => Err(invalid(format!(
+                "the transform returned an error message of {} bytes, over the limit of \
+                 {limit} bytes (limits.output)",
+                msg.len()
+            ))),
+            Ok(Err(msg)) => Err(Failure {
                 reason: format!("the transform returned an error: {msg}"),
                 broken: false,
             }),
-            Ok(Err(Refusal::TooLarge(bytes))) => Err(invalid(format!(
-                "the transform returned an error message of {bytes} bytes, over the limit of \
-                 {limit} bytes (limits.output)"
-            ))),
             Err(e) => Err(Failure {
                 reason: describe(&e, &mut self.store, self.limits.timeout),
                 broken: true,

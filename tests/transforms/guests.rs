@@ -357,6 +357,11 @@ fn refusals_and_invalid_outputs_apply_the_policy() {
         ),
         ("bad-position", "is not the position of any input change"),
         (
+            "stale-key",
+            "invalid output: output change #0 (public.users): key column id is 1000001 in the \
+             values but 1 in the key",
+        ),
+        (
             "oversize",
             "invalid output: output exceeds the limit of 1048576 bytes (limits.output)",
         ),
@@ -371,7 +376,7 @@ fn refusals_and_invalid_outputs_apply_the_policy() {
 }
 
 /// `limits.output` counts every byte copied out of the guest, referenced by a change or not,
-/// and refuses an oversized output from its lengths, before copying it.
+/// and refuses an oversized output before any of it is used.
 #[test]
 fn unreferenced_output_over_the_limit_is_refused_with_zipline_s_message() {
     for (config, found) in [
@@ -388,9 +393,9 @@ fn unreferenced_output_over_the_limit_is_refused_with_zipline_s_message() {
         assert!(
             e.contains(
                 "invalid output: output exceeds the limit of 1048576 bytes (limits.output): \
-                 the guest returned at least "
+                 the guest returned "
             ) && e.contains(found)
-                && e.ends_with("nothing was copied; halting (on_error: halt)"),
+                && e.ends_with("none of it was used; halting (on_error: halt)"),
             "{config:?}: {e}"
         );
         assert_eq!(t.stats().restarts.load(Ordering::Relaxed), 0, "{e}");

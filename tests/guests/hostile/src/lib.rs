@@ -13,6 +13,8 @@
 //! - `bad-position`: returns a change with a position no input had;
 //! - `fanout`: returns every change twice, the copy in table `<name>_copy`;
 //! - `rekey`: adds 1,000,000 to the first key column (int4/int8) in key, old key and values;
+//! - `stale-key`: adds 1,000,000 to the first key column in the values only, leaving `key` as
+//!   it was (the host must refuse the output);
 //! - `unreferenced`: echoes the batch plus `data=N` bytes of output data and `values=N` values
 //!   that no change refers to (the host copies them all the same).
 //!
@@ -75,7 +77,12 @@ impl Guest for Component {
         std::panic::set_hook(Box::new(|info| {
             log(Level::Error, &format!("guest panicked: {info}"));
         }));
-        let get = |k: &str| config.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+        let get = |k: &str| {
+            config
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.clone())
+        };
         let key = match get("key") {
             Some(k) => Some(k.parse().map_err(|_| format!("key: not an integer: {k}"))?),
             None => None,
@@ -215,6 +222,16 @@ impl Guest for Component {
                             at(c.values, first_key),
                         ];
                         for i in spots.into_iter().flatten() {
+                            shift(&mut values[i]);
+                        }
+                    }
+                }
+            }
+            "stale-key" => {
+                for c in &changes {
+                    let t = &tables[c.table as usize];
+                    if let Some(first_key) = t.columns.iter().position(|col| col.is_key) {
+                        if let Some(i) = at(c.values, first_key) {
                             shift(&mut values[i]);
                         }
                     }
