@@ -309,7 +309,7 @@ connectors:
                 "p.yaml:9: connectors[0].slot_name: unknown field `slot_name`; expected one of: \
                  name, type, secret_refs, host, port, database, user, password, tables, \
                  poll_interval, encrypt, trust_server_certificate, snapshot, connect_timeout, \
-                 connect_retries",
+                 connect_retries, sslmode, sslrootcert, sslcert, sslkey",
             ),
             (
                 "    snapshot: always\n",

@@ -62,6 +62,14 @@ pub enum TlsError {
     },
 }
 
+impl TlsError {
+    /// True when the connection broke during the handshake with no certificate or protocol
+    /// problem (a reset, an early end, a cut): a reason to retry, not to stop.
+    pub(crate) fn is_broken_connection(&self) -> bool {
+        matches!(self, TlsError::Handshake { source } if tls_problem(source).is_none())
+    }
+}
+
 /// The one crypto provider Zipline uses. Also installed as the process default, because
 /// mysql_async builds its rustls configuration with the default provider.
 pub(crate) fn provider() -> Arc<CryptoProvider> {

@@ -198,14 +198,11 @@ impl Shared {
                     self.sink(),
                     crate::tls::mode_name(o.tls.mode, true)
                 );
-                match &e {
-                    // The server is down or the connection broke: worth another try.
-                    crate::tls::TlsError::Handshake { source }
-                        if crate::tls::tls_problem(source).is_none() =>
-                    {
-                        SinkError::transient(message)
-                    }
-                    _ => SinkError::fatal(message),
+                // The server is down or the connection broke: worth another try.
+                if e.is_broken_connection() {
+                    SinkError::transient(message)
+                } else {
+                    SinkError::fatal(message)
                 }
             })?;
         let ssl = self

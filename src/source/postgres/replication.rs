@@ -257,6 +257,9 @@ fn conn_error(opts: &config::PostgresSource, e: ConnError) -> SourceError {
         Some(_) => SourceError::fatal(format!("{what}: {e}")),
         None => match e {
             ConnError::Io(_) => SourceError::transient(format!("{what}: {e}")),
+            ConnError::Tls(ref t) if t.is_broken_connection() => {
+                SourceError::transient(format!("{what}: {e}"))
+            }
             _ => SourceError::fatal(format!("{what}: {e}")),
         },
     }

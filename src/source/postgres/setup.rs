@@ -147,8 +147,9 @@ impl ConnectFailure {
             ConnectFailure::Driver(e) => {
                 // tokio-postgres's kind for every TLS failure, including "server does not
                 // support TLS" (which carries no typed cause).
+                // A handshake cut by a reset or an early end is a broken connection: retried.
                 crate::tls::tls_problem(e).is_some()
-                    || e.to_string().starts_with("error performing TLS handshake")
+                    || e.to_string().contains("server does not support TLS")
             }
             ConnectFailure::Silent => false,
         }
