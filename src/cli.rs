@@ -242,6 +242,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Transform(TransformCommand::Test(args)) => transform_test(&args),
         Command::Dlq(command) => dlq(command),
         Command::Pipeline(PipelineCommand::Apply(args)) => {
+            // Listen before anything else: a stop asked while the file loads or the
+            // transforms compile then drains at once instead of killing the process.
+            let rt = runtime()?;
+            let stop = {
+                let _entered = rt.enter();
+                StopSignals::listen()
+            };
             let pipeline = load(&args.file)?;
             config::check_transforms(&pipeline.routes)?;
             let options = zipline::pipeline::RunOptions {
@@ -259,8 +266,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     })
                     .collect(),
             };
-            runtime()?.block_on(async move {
-                zipline::pipeline::run(pipeline, options, shutdown_signal()).await?;
+            rt.block_on(async move {
+                zipline::pipeline::run(pipeline, options, stop.wait()).await?;
                 Ok(())
             })
         }
@@ -433,17 +440,43 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
 }
 
 /// Resolves on the first Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C will stop the pipeline");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGTERM and Ctrl-C (SIGINT), registered when created, so none is lost however early it
+/// comes.
+struct StopSignals {
+    term: Option<tokio::signal::unix::Signal>,
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    /// Registers both handlers; must run inside the runtime.
+    fn listen() -> Self {
+        use tokio::signal::unix::{SignalKind, signal};
+        let register = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for {name}; it will not stop the pipeline gracefully");
+                None
+            }
+        };
+        StopSignals {
+            term: register(SignalKind::terminate(), "SIGTERM"),
+            interrupt: register(SignalKind::interrupt(), "SIGINT"),
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    }
+
+    /// Resolves at the first of them.
+    async fn wait(mut self) {
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.term) => {}
+            () = next(&mut self.interrupt) => {}
+        }
     }
 }
