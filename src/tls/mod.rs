@@ -89,12 +89,12 @@ pub(crate) fn client_config(tls: &Tls) -> Result<Arc<ClientConfig>, TlsError> {
         )
         .build()
         .map_err(|e| TlsError::Settings(rustls::Error::General(e.to_string())))?,
-        (SslMode::VerifyCa, Some(roots)) => Arc::new(verify::ChainOnly::new(
+        (SslMode::VerifyCa, Some(roots)) => Arc::new(verify::Verifier::chain_only(
             Arc::new(root_store(roots)?),
             provider.clone(),
         )),
         // Config loading refuses verifying modes without roots; unverified modes ignore roots.
-        _ => Arc::new(verify::Unchecked::new(provider.clone())),
+        _ => Arc::new(verify::Verifier::unchecked(provider.clone())),
     };
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
