@@ -47,13 +47,8 @@ pub(super) async fn apply(
     conflicts: Conflicts,
 ) -> Result<(), SinkError> {
     let mut conflicts_seen: u32 = 0;
-    let mut backoff = Backoff::new(
-        format!(
-            "sink {}: transient sink error; retrying the batch",
-            cfg.sink
-        ),
-        Budget::For(cfg.outage_timeout),
-    );
+    // Made at the first transient failure: most batches never need one.
+    let mut retrying: Option<Backoff> = None;
     loop {
         let call = async {
             match &work {
@@ -86,6 +81,15 @@ pub(super) async fn apply(
         if err.class != ErrorClass::Transient {
             return Err(err);
         }
+        let backoff = retrying.get_or_insert_with(|| {
+            Backoff::new(
+                format!(
+                    "sink {}: transient sink error; retrying the batch",
+                    cfg.sink
+                ),
+                Budget::For(cfg.outage_timeout),
+            )
+        });
         if !backoff.wait(&err).await {
             let message = format!(
                 "{} (the sink kept failing for {:.0?}, longer than sink_outage_timeout {:?}, over \
