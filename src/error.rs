@@ -151,7 +151,7 @@ fn with_sources(err: &dyn Error) -> String {
     let mut next = err.source();
     while let Some(e) = next {
         let text = e.to_string();
-        if !out.ends_with(&text) {
+        if !out.contains(&text) {
             out.push_str(": ");
             out.push_str(&text);
         }

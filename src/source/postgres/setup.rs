@@ -107,33 +107,20 @@ impl ConnectFailure {
             ),
             ConnectFailure::Tls(e) => e.to_string(),
             ConnectFailure::Driver(e) => {
-                e.as_db_error()
-                    .map(|d| d.message().to_owned())
-                    .or_else(|| {
-                        let mode = crate::tls::mode_name(params.tls.mode, false);
-                        crate::tls::tls_problem(e)
-                            .map(|p| format!("TLS ({mode}): {p}"))
-                            .or_else(|| {
-                                // tokio-postgres says so in an untyped cause.
-                                std::error::Error::source(e)
-                            .is_some_and(|c| c.to_string() == "server does not support TLS")
-                            .then(|| {
-                            format!("the server does not support TLS, and {mode} requires it")
-                        })
-                            })
-                    })
-                    .unwrap_or_else(|| {
-                        let mut text = e.to_string();
-                        let mut src = std::error::Error::source(e);
-                        while let Some(s) = src {
-                            let next = s.to_string();
-                            if !text.contains(&next) {
-                                text = format!("{text}: {next}");
-                            }
-                            src = s.source();
-                        }
-                        text
-                    })
+                if let Some(db) = e.as_db_error() {
+                    return db.message().to_owned();
+                }
+                let mode = crate::tls::mode_name(params.tls.mode, false);
+                if let Some(problem) = crate::tls::tls_problem(e) {
+                    return format!("TLS ({mode}): {problem}");
+                }
+                // tokio-postgres says so in an untyped cause.
+                if std::error::Error::source(e)
+                    .is_some_and(|c| c.to_string() == "server does not support TLS")
+                {
+                    return format!("the server does not support TLS, and {mode} requires it");
+                }
+                Cause::postgres(e).text
             }
         }
     }
