@@ -10,9 +10,9 @@
 //!   `types`; `harness`: the test servers and proxy themselves.
 
 #[path = "../common/mod.rs"]
-mod common;
+pub mod common;
 #[path = "../e2e/mod.rs"]
-mod e2e;
+pub mod e2e;
 
 mod bad_inputs_mysql;
 mod bad_inputs_postgres;
