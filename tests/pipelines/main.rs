@@ -19,6 +19,7 @@ mod bad_inputs_postgres;
 mod contract;
 mod harness;
 mod large_tx;
+mod lifecycle;
 mod postgres_sink;
 mod schema;
 mod snapshot;
