@@ -172,6 +172,7 @@ fn spec(module: &str, config: &[(&str, &str)]) -> TransformSpec {
         on_error: OnError::Halt,
         dead_letter: std::env::temp_dir().join("zipline-bench.deadletter.jsonl"),
         batch_size: 1000,
+        row_filter: false,
     }
 }
 

@@ -441,6 +441,7 @@ fn transform_test(args: &TransformTestArgs) -> anyhow::Result<()> {
         on_error: config::OnError::DeadLetter,
         dead_letter: scratch.join("failed.jsonl"),
         batch_size: args.batch_size.max(1),
+        row_filter: false,
     };
     let mut transformer = zipline::transform::Transformer::new("test", &spec)?;
     let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {

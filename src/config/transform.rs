@@ -56,6 +56,11 @@ pub struct TransformSpec {
     /// Most changes handed to the component in one call. Default 1000.
     #[serde(default = "batch_size_default", deserialize_with = "batch_size")]
     pub batch_size: usize,
+    /// The transform keeps rows by a predicate on their values (the SDKs' `filter`): the
+    /// pipeline then refuses to start unless the source sends whole rows in updates of every
+    /// table of the route (PostgreSQL: `REPLICA IDENTITY FULL`). Default false.
+    #[serde(default)]
+    pub row_filter: bool,
 }
 
 /// Limits applied to every instance of a transform.

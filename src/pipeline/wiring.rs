@@ -28,47 +28,83 @@ pub(super) async fn preflight_source(
         connector: name.to_owned(),
         error: Box::new(error),
     };
-    match pipeline.connector(name).map(|c| &c.kind) {
-        Some(ConnectorKind::PostgresSource(pg)) => {
-            let mut source = PostgresSource::preflight(pg.clone())
-                .await
-                .map_err(source_err)?;
-            let tables = plan.tables(&pipeline.name, source.tables())?;
-            if pg.snapshot != config::PostgresSnapshot::Never {
-                for sink in &plan.sinks {
-                    super::snapshot_target(&sink.connector)?;
+    let (source, tables): (Box<dyn Source>, Vec<Tables>) =
+        match pipeline.connector(name).map(|c| &c.kind) {
+            Some(ConnectorKind::PostgresSource(pg)) => {
+                let mut source = PostgresSource::preflight(pg.clone())
+                    .await
+                    .map_err(source_err)?;
+                let tables = plan.tables(&pipeline.name, source.tables())?;
+                if pg.snapshot != config::PostgresSnapshot::Never {
+                    for sink in &plan.sinks {
+                        super::snapshot_target(&sink.connector)?;
+                    }
+                    let targets = plan
+                        .sinks
+                        .iter()
+                        .enumerate()
+                        .map(|(s, sink)| Target {
+                            sink: Arc::clone(&sink.connector),
+                            tables: tables[plan.route_of[s]].clone(),
+                            transform: transforms[plan.route_of[s]].clone(),
+                        })
+                        .collect();
+                    source =
+                        source.with_snapshot(crate::source::postgres::PostgresSnapshotOptions {
+                            parallelism: pg.snapshot_parallelism,
+                            chunk_rows: pg.snapshot_chunk_rows,
+                            progress_interval: pipeline.settings.progress_interval,
+                            writer: Arc::new(SinkSnapshots::new(name, targets)),
+                        });
                 }
-                let targets = plan
-                    .sinks
-                    .iter()
-                    .enumerate()
-                    .map(|(s, sink)| Target {
-                        sink: Arc::clone(&sink.connector),
-                        tables: tables[plan.route_of[s]].clone(),
-                        transform: transforms[plan.route_of[s]].clone(),
-                    })
-                    .collect();
-                source = source.with_snapshot(crate::source::postgres::PostgresSnapshotOptions {
-                    parallelism: pg.snapshot_parallelism,
-                    chunk_rows: pg.snapshot_chunk_rows,
-                    progress_interval: pipeline.settings.progress_interval,
-                    writer: Arc::new(SinkSnapshots::new(name, targets)),
+                (Box::new(source), tables)
+            }
+            Some(ConnectorKind::SqlServerSource(ms)) => {
+                let source = crate::source::sqlserver::SqlServerSource::preflight(ms.clone())
+                    .await
+                    .map_err(source_err)?;
+                let tables = plan.tables(&pipeline.name, source.tables())?;
+                (Box::new(source), tables)
+            }
+            _ => {
+                return Err(PipelineError::Invalid {
+                    pipeline: pipeline.name.clone(),
+                    message: format!("route source {name} is not a source connector"),
                 });
             }
-            Ok((Box::new(source), tables))
+        };
+    check_whole_rows(pipeline, plan, &*source, &tables)?;
+    Ok((source, tables))
+}
+
+/// A route whose transform is a row filter (`row_filter: true`) needs whole rows in updates:
+/// an update entering the filter becomes an upsert of the new row, which the sink may never
+/// have had, so an unchanged value left out of it would be lost. Checked before anything is
+/// created upstream.
+fn check_whole_rows(
+    pipeline: &config::Pipeline,
+    plan: &Plan,
+    source: &dyn Source,
+    tables: &[Tables],
+) -> Result<(), PipelineError> {
+    for (route, taken) in plan.routes.iter().zip(tables) {
+        if !route.transform.as_ref().is_some_and(|t| t.row_filter) {
+            continue;
         }
-        Some(ConnectorKind::SqlServerSource(ms)) => {
-            let source = crate::source::sqlserver::SqlServerSource::preflight(ms.clone())
-                .await
-                .map_err(source_err)?;
-            let tables = plan.tables(&pipeline.name, source.tables())?;
-            Ok((Box::new(source), tables))
+        for table in source.tables().iter().filter(|t| taken.takes_table(t)) {
+            if let Err(why) = source.whole_rows(table) {
+                return Err(PipelineError::Invalid {
+                    pipeline: pipeline.name.clone(),
+                    message: format!(
+                        "{}: transform.row_filter: table {}.{}: a row filter needs whole rows in \
+                         updates, and {why}",
+                        route.at, table.schema, table.name
+                    ),
+                });
+            }
         }
-        _ => Err(PipelineError::Invalid {
-            pipeline: pipeline.name.clone(),
-            message: format!("route source {name} is not a source connector"),
-        }),
     }
+    Ok(())
 }
 
 pub(super) fn sink_plan(

@@ -227,6 +227,10 @@ pub trait Source: Send {
     fn upstream(&self) -> Upstream;
     /// Whether creating the cursor also copies the existing rows (an initial snapshot).
     fn takes_snapshot(&self) -> bool;
+    /// `Ok` when every update of `table` carries the whole new row (no unchanged placeholder
+    /// for a value the sink may never have had), as a row filter needs; otherwise why not
+    /// and the fix.
+    fn whole_rows(&self, table: &Table) -> Result<(), String>;
     /// Drop the cursor upstream, so that `prepare` creates a new one and, with it, takes a
     /// whole new snapshot. Called only when the pipeline starts over (`--resnapshot`,
     /// `snapshot: when_needed`).

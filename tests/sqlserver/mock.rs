@@ -830,6 +830,7 @@ async fn a_route_transform_runs_on_sql_server_changes() {
         on_error: OnError::Halt,
         dead_letter: dir.path().join("dl.jsonl"),
         batch_size: 100,
+        row_filter: false,
     };
     let transform = zipline::transform::RouteTransform::start("mssql", &spec)
         .await

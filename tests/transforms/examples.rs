@@ -114,6 +114,7 @@ fn check(example: &str) {
         on_error: OnError::DeadLetter,
         dead_letter: scratch.path().join(dead_letter),
         batch_size: 1000,
+        row_filter: false,
     };
     let changes = sample_changes(&dir.join("sample.jsonl"));
     let want = json_lines(&dir.join("expected.jsonl"));

@@ -50,6 +50,7 @@ fn make_spec(
         on_error,
         dead_letter: dir.path().join("dl.jsonl"),
         batch_size: 1000,
+        row_filter: false,
     };
     (spec, dir)
 }

@@ -224,6 +224,50 @@ async fn refused_change_is_dead_lettered_and_the_rest_arrives() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_filter_needs_whole_rows_and_says_so_before_creating_anything() {
+    let mut fx = Fixture::start();
+    fx.write_pipeline(&pipeline(&format!(
+        "      module: {}\n      config: {{ columns: customer }}\n      row_filter: true\n",
+        guest("rust-mask").display()
+    )));
+    let (args, env) = (fx.args("apply"), fx.env());
+    let (code, out, _) = fx.run_to_exit(&args, &env, Duration::from_secs(60));
+    assert_eq!(code, 1, "{out}");
+    for part in [
+        "orders.yaml:",
+        "transform.row_filter: table public.orders: a row filter needs whole rows",
+        r#"ALTER TABLE "public"."orders" REPLICA IDENTITY FULL"#,
+    ] {
+        assert!(out.contains(part), "missing {part:?} in:\n{out}");
+    }
+    let (slots, publications) = fx.slots_and_publications();
+    assert_eq!(
+        (slots.as_str(), publications.as_str()),
+        ("", ""),
+        "nothing created"
+    );
+
+    fx.pg
+        .psql(PG_DB, "ALTER TABLE orders REPLICA IDENTITY FULL");
+    let pg = fx.pg_client().await;
+    let mut z = fx.apply();
+    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
+    pg.batch_execute("INSERT INTO orders (id, customer) VALUES (1, 'ada@example.com')")
+        .await
+        .unwrap();
+    let masked = |rows: Rows| {
+        rows.into_iter()
+            .map(|mut r| {
+                r[1] = r[1].as_deref().map(mask);
+                r
+            })
+            .collect()
+    };
+    wait_sink_equals(&fx, &mut z, masked, Duration::from_secs(60)).await;
+    z.terminate_cleanly(Duration::from_secs(15));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trapping_guest_halts_the_pipeline_naming_route_module_and_change() {
     let mut fx = Fixture::start();
     let module = guest("hostile");

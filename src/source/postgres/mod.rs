@@ -66,6 +66,8 @@ pub struct PostgresSource {
     publication_exists: bool,
     /// The relation id of each of `tables`.
     relations: Vec<u32>,
+    /// Whether each of `tables` has `REPLICA IDENTITY FULL` (updates carry whole rows).
+    whole_rows: Vec<bool>,
     /// The server's WAL position at preflight: a table change seen in the catalog then is
     /// behind it in the stream.
     started_at: Lsn,
@@ -98,8 +100,9 @@ impl PostgresSource {
         }
         let resolved =
             setup::resolve_tables(&client, &opts.publication, opts.tables.as_deref()).await?;
-        let relations: Vec<u32> = resolved.iter().map(|(_, oid)| *oid).collect();
-        let tables: Vec<Arc<Table>> = resolved.into_iter().map(|(t, _)| t).collect();
+        let relations: Vec<u32> = resolved.iter().map(|d| d.oid).collect();
+        let whole_rows: Vec<bool> = resolved.iter().map(|d| d.whole_rows).collect();
+        let tables: Vec<Arc<Table>> = resolved.into_iter().map(|d| d.table).collect();
         let started_at = setup::current_wal_lsn(&client).await?;
         let slot = setup::find_slot(&client, &opts.slot_name, &opts.database).await?;
         let publication_exists = setup::publication_exists(&client, &opts.publication).await?;
@@ -123,6 +126,7 @@ impl PostgresSource {
             slot,
             publication_exists,
             relations,
+            whole_rows,
             started_at,
         })
     }
@@ -247,6 +251,26 @@ impl Source for PostgresSource {
 
     fn takes_snapshot(&self) -> bool {
         self.snapshot.is_some()
+    }
+
+    fn whole_rows(&self, table: &Table) -> Result<(), String> {
+        let full = self
+            .tables
+            .iter()
+            .zip(&self.whole_rows)
+            .any(|(t, full)| *full && t.schema == table.schema && t.name == table.name);
+        if full {
+            return Ok(());
+        }
+        let name = format!(
+            "{}.{}",
+            quote_ident(&table.schema),
+            quote_ident(&table.name)
+        );
+        Err(format!(
+            "its updates leave unchanged TOASTed values out of the new row (REPLICA IDENTITY \
+             is not FULL); run ALTER TABLE {name} REPLICA IDENTITY FULL"
+        ))
     }
 
     fn reset(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {

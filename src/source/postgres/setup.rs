@@ -201,7 +201,7 @@ pub(crate) async fn resolve_tables(
     client: &Client,
     publication: &str,
     configured: Option<&[String]>,
-) -> Result<Vec<(Arc<Table>, u32)>, SourceError> {
+) -> Result<Vec<Described>, SourceError> {
     let names: Vec<(String, String)> = match configured {
         Some(list) => list.iter().map(|t| split_table_name(t)).collect(),
         None => {
@@ -224,8 +224,7 @@ pub(crate) async fn resolve_tables(
     };
     let mut tables = Vec::with_capacity(names.len());
     for (schema, name) in names {
-        let (table, oid) = describe_table(client, &schema, &name).await?;
-        tables.push((Arc::new(table), oid));
+        tables.push(describe_table(client, &schema, &name).await?);
     }
     Ok(tables)
 }
@@ -237,12 +236,23 @@ fn split_table_name(name: &str) -> (String, String) {
     }
 }
 
-/// The table's shape and relation id (OID).
+/// A published table as preflight found it.
+#[derive(Debug)]
+pub(crate) struct Described {
+    pub(crate) table: Arc<Table>,
+    /// Its relation id (OID).
+    pub(crate) oid: u32,
+    /// `REPLICA IDENTITY FULL`: updates carry the whole old row, from which every unchanged
+    /// (TOASTed) value of the new row is filled in.
+    pub(crate) whole_rows: bool,
+}
+
+/// The table's shape, relation id (OID) and replica identity.
 async fn describe_table(
     client: &Client,
     schema: &str,
     name: &str,
-) -> Result<(Table, u32), SourceError> {
+) -> Result<Described, SourceError> {
     let qualified = format!("{schema}.{name}");
     let rel = client
         .query_opt(
@@ -300,7 +310,11 @@ async fn describe_table(
              on NOT NULL columns"
         )));
     }
-    Ok((Table::new(schema.to_owned(), name.to_owned(), columns), oid))
+    Ok(Described {
+        table: Arc::new(Table::new(schema.to_owned(), name.to_owned(), columns)),
+        oid,
+        whole_rows: identity == "f",
+    })
 }
 
 /// Fails naming every column whose type cannot round-trip through a sink: composite (row)

@@ -151,6 +151,11 @@ impl Source for SqlServerSource {
         self.opts.snapshot == SqlServerSnapshot::Initial
     }
 
+    fn whole_rows(&self, _table: &Table) -> Result<(), String> {
+        // CDC's change tables capture every column of the row after an update.
+        Ok(())
+    }
+
     fn reset(&mut self) -> BoxFuture<'_, Result<(), SourceError>> {
         Box::pin(async { Ok(()) })
     }
