@@ -68,7 +68,7 @@ echo "== $(elapsed) starting: zipline pipeline apply -f examples/demo.yaml   (it
 export POSTGRES_HOST=127.0.0.1 POSTGRES_PORT=$PGPORT POSTGRES_DATABASE=shop POSTGRES_USER=postgres \
   POSTGRES_PUBLICATION=zipline_demo POSTGRES_SLOT_NAME=zipline_demo MYSQL_PORT=$MYPORT ZIPLINE_LOG=info
 : > "$DIR/zipline.log"
-"$ZIPLINE" pipeline apply -f examples/demo.yaml 2> "$DIR/zipline.log" &
+"$ZIPLINE" pipeline apply -f examples/demo.yaml --log-format text 2> "$DIR/zipline.log" &
 ZPID=$!
 # Show the log lines that tell the story, without colours or timestamps (tail ends with
 # Zipline).
