@@ -5,7 +5,7 @@
 //! `cargo bench --bench large_tx` (env: `ZIPLINE_BENCH_ROWS`, default 1,000,000).
 
 #[path = "../tests/common/mod.rs"]
-mod common;
+pub mod common;
 
 use std::time::{Duration, Instant};
 

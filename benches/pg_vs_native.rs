@@ -31,8 +31,8 @@
 //! `ZIPLINE_BENCH_ONLY=zipline` to run the Zipline backlog phase alone, for profiling).
 
 #[path = "../tests/common/mod.rs"]
-mod common;
-mod common_backlog;
+pub mod common;
+pub mod common_backlog;
 #[path = "pg_vs_native/live.rs"]
 mod live;
 #[path = "pg_vs_native/strategies.rs"]

@@ -16,8 +16,8 @@
 //! `ZIPLINE_BENCH_BATCH`).
 
 #[path = "../tests/common/mod.rs"]
-mod common;
-mod common_backlog;
+pub mod common;
+pub mod common_backlog;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -24,8 +24,8 @@
 //! `common_backlog`).
 
 #[path = "../tests/common/mod.rs"]
-mod common;
-mod common_backlog;
+pub mod common;
+pub mod common_backlog;
 #[path = "snapshot/pg.rs"]
 mod pg;
 

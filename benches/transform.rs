@@ -18,7 +18,7 @@
 //! a missing JavaScript guest is reported and skipped.
 
 #[path = "../tests/common/mod.rs"]
-mod common;
+pub mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -4,8 +4,9 @@
 # on free ports. PostgreSQL gets a table with existing rows; MariaDB gets an empty database.
 # Zipline creates the table in MariaDB (`create_tables: true`), copies the existing rows by its
 # initial snapshot, then streams live inserts, updates and deletes; the demo shows Zipline's
-# log as it goes, compares both sides, shows the pipeline's status (slot and checkpoints), stops
-# Zipline with SIGTERM (it drains and confirms) and removes everything it started.
+# log as it goes, compares both sides, shows `zipline pipeline status` (slot, lag, checkpoints),
+# stops Zipline with SIGTERM (it drains and confirms), runs `zipline pipeline drop` and removes
+# everything it started.
 #
 # Needs root (it starts PostgreSQL as the `postgres` user with runuser, and MariaDB) and the
 # postgresql-15 and mariadb-server packages. The first run builds Zipline (a debug build:
@@ -109,10 +110,8 @@ sleep 2.2   # one progress interval, so the status below includes the changes' c
 echo "== $(elapsed) the pipeline's status"
 echo "   last progress line:"
 grep progress "$DIR/zipline.log" | tail -1 | sed 's/\x1b\[[0-9;]*m//g; s/^/     /'
-echo "   the slot on PostgreSQL (what Zipline confirmed; PostgreSQL keeps WAL only after it):"
-$PSQL -At -c "SELECT '     ' || slot_name || ': confirmed_flush_lsn ' || confirmed_flush_lsn || ', WAL retained ' || pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) FROM pg_replication_slots"
-echo "   the lanes' checkpoints in MariaDB (committed with each batch, in the same transaction):"
-$MYSQL -t -e "SELECT lane, CONCAT(HEX(lsn >> 32), '/', HEX(lsn & 0xFFFFFFFF), '#', ordinal) AS last_applied, updated_at FROM _zipline_checkpoints WHERE pipeline = 'orders' ORDER BY lane" | sed 's/^/     /'
+echo "   zipline pipeline status -f examples/demo.yaml   (works whether or not the pipeline runs):"
+"$ZIPLINE" pipeline status -f examples/demo.yaml --log-format text 2>&1 | sed 's/^/     /'
 
 echo "== $(elapsed) stopping zipline with SIGTERM (drain, checkpoint, confirm, exit 0)"
 kill -TERM "$ZPID"
@@ -122,6 +121,8 @@ sleep 0.3
 kill "$TAILPID" 2>/dev/null || true
 TAILPID=""
 echo "   zipline exited with status $status"
+echo "== $(elapsed) zipline pipeline drop -f examples/demo.yaml --yes   (removes the slot, the publication it made, its checkpoints)"
+"$ZIPLINE" pipeline drop -f examples/demo.yaml --yes --log-format text 2>&1 | sed 's/^/   /'
 if [ "$got" = "$want" ] && [ "$status" = 0 ]; then
   echo "== $(elapsed) demo OK: MariaDB matches PostgreSQL"
 else

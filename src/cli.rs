@@ -9,6 +9,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use zipline::config::{self, LoadOptions};
 
+mod status;
+
 /// What every command's help ends with: exit codes and the environment it reads.
 const EXIT_AND_ENV: &str = "\
 Exit codes:
@@ -34,6 +36,7 @@ const MAIN_HELP: &str = "\
 Examples:
   zipline pipeline validate -f pipeline.yaml
   zipline pipeline apply -f pipeline.yaml
+  zipline pipeline status -f pipeline.yaml
   zipline transform test --module mask.wasm --config columns=email --input changes.jsonl
   zipline dlq list -f pipeline.yaml
   zipline completions bash > zipline.bash
@@ -67,6 +70,19 @@ const TRANSFORM_TEST_HELP: &str = r#"Examples:
   zipline transform test --module mask.wasm --config columns=email --input changes.jsonl
   echo '{"table":"public.users","op":"insert","columns":[{"name":"id","type":"int8","key":true},{"name":"email","type":"text"}],"key":[42],"values":[42,"a@example.com"]}' | zipline transform test --module mask.wasm --config columns=email --input -
 "#;
+
+const STATUS_HELP: &str = "\
+Examples:
+  zipline pipeline status -f pipeline.yaml
+  zipline pipeline status -f pipeline.yaml --watch
+  zipline pipeline status -f pipeline.yaml --json > status.json
+";
+
+const DROP_HELP: &str = "\
+Examples:
+  zipline pipeline drop -f pipeline.yaml
+  zipline pipeline drop -f pipeline.yaml --yes
+";
 
 const DLQ_LIST_HELP: &str = "\
 Examples:
@@ -196,6 +212,38 @@ enum PipelineCommand {
     /// Check a pipeline file (and load its transforms) without touching any database.
     #[command(after_help = format!("{VALIDATE_HELP}\n{EXIT_AND_ENV}"))]
     Validate(FileArgs),
+    /// Show how far the pipeline is: each source's slot (active, WAL retained, lag behind
+    /// the server), each sink's lane checkpoints, the last fatal error. Works whether or not
+    /// the pipeline runs.
+    #[command(after_help = format!("{STATUS_HELP}\n{EXIT_AND_ENV}"))]
+    Status(StatusArgs),
+    /// Remove what the pipeline owns: the replication slot, the publication if Zipline
+    /// created it, and Zipline's checkpoint, snapshot, table-record and claim rows in each
+    /// sink. Sink tables and dead letters are kept. Refused while the pipeline runs. The next
+    /// `apply` starts from scratch (a new slot, a new initial snapshot).
+    #[command(after_help = format!("{DROP_HELP}\n{EXIT_AND_ENV}"))]
+    Drop(DropArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    file: FileArgs,
+    /// Redraw once a second until Ctrl-C (with --json: one JSON object per second).
+    #[arg(long)]
+    watch: bool,
+    /// One JSON object (the schema is in the README) instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct DropArgs {
+    #[command(flatten)]
+    file: FileArgs,
+    /// Do not ask for confirmation (required when stdin is not a terminal).
+    #[arg(long)]
+    yes: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -234,7 +282,9 @@ pub(crate) fn main() -> ExitCode {
         Err(err) => {
             // `{:#}` prints the chain on one line: the message already names file, line, field.
             eprintln!("error: {err:#}");
-            if err.downcast_ref::<config::ConfigError>().is_some() {
+            if err.downcast_ref::<config::ConfigError>().is_some()
+                || err.downcast_ref::<UsageError>().is_some()
+            {
                 ExitCode::from(2)
             } else {
                 ExitCode::FAILURE
@@ -294,6 +344,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Pipeline(PipelineCommand::Status(args)) => {
+            let pipeline = load(&args.file)?;
+            status::show(&pipeline, args.watch, args.json)
+        }
+        Command::Pipeline(PipelineCommand::Drop(args)) => {
+            let pipeline = load(&args.file)?;
+            status::drop_pipeline(&pipeline, args.yes)
+        }
         Command::Transform(TransformCommand::Test(args)) => transform_test(&args),
         Command::Dlq(command) => dlq(command),
         Command::Completions { shell } => {
@@ -334,7 +392,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+/// A command line that cannot go on as given (exit status 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct UsageError(pub(crate) String);
+
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -8,12 +8,14 @@
 //! - PostgreSQL → MariaDB with `require_secure_transport=ON`, the source on a server without
 //!   TLS under `sslmode: prefer` (it still connects): `VERIFY_IDENTITY` against a certificate
 //!   for another name fails naming the sink, the host and the mismatch; `VERIFY_CA` converges.
+//! - The seed's trace (`e2e::trace`, audited by triggers on the sink) over both of those
+//!   TLS set-ups, into PostgreSQL and into MariaDB.
 //! - Failures name connector, host and reason: `verify-full` against a certificate for another
 //!   name, a CA that did not sign the server's certificate, `require` against a server without
 //!   TLS.
 
-mod common;
-mod e2e;
+pub mod common;
+pub mod e2e;
 
 use std::path::Path;
 use std::time::Duration;
@@ -64,7 +66,10 @@ fn tls_postgres(ca: &TestCa, server: &CertFiles, method: &str, stem: &str) -> Po
 
 /// Asserts a plaintext TCP connection to `pg` is refused by `pg_hba.conf`.
 async fn assert_plaintext_refused(pg: &Postgres) {
-    let conn = format!("{} sslmode=disable", pg.conn_str("postgres"));
+    let conn = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres connect_timeout=10 sslmode=disable",
+        pg.port
+    );
     let err = tokio_postgres::connect(&conn, tokio_postgres::NoTls)
         .await
         .err()
@@ -86,12 +91,14 @@ fn yaml_lines(lines: &[(&str, &Path)]) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_to_pg_over_tls_only_servers_with_client_certificates() {
+/// PostgreSQL → PostgreSQL between two TLS-only servers: the source verified in full, the
+/// sink by its CA only (its certificate names another host) with a client certificate
+/// (`pg_hba.conf` method `cert`); `orders` on both sides, empty. The pipeline options carry
+/// the TLS settings; the directory holds the certificates.
+async fn pg_to_pg_over_tls() -> (PgFixture, PipelineOpts, tempfile::TempDir) {
     let dir = cert_dir();
     let ca = TestCa::new(dir.path(), "zipline-test");
     let src_cert = ca.server("source", &["localhost", "127.0.0.1"]);
-    // The sink's certificate names another host: verify-ca must accept it.
     let sink_cert = ca.server("sink", &["sink.example"]);
     let client = ca.client("client", "postgres");
     let src = tls_postgres(&ca, &src_cert, "trust", "source");
@@ -102,13 +109,8 @@ async fn pg_to_pg_over_tls_only_servers_with_client_certificates() {
     sink.create_database(SINK_DB);
     src.psql(PG_DB, PG_ORDERS);
     sink.psql(SINK_DB, PG_ORDERS);
-    src.psql(
-        PG_DB,
-        "INSERT INTO orders SELECT g, 'seed ' || g, g, 'new', now(), true, NULL \
-         FROM generate_series(1, 500) g",
-    );
     let sink_port = sink.port;
-    let mut fx = PgFixture {
+    let fx = PgFixture {
         src,
         sink,
         work: Workdir::new(),
@@ -122,11 +124,23 @@ async fn pg_to_pg_over_tls_only_servers_with_client_certificates() {
         ("sslcert", &client.cert),
         ("sslkey", &client.key),
     ]));
-    fx.write_pipeline(&pg_pipeline_yaml(&PipelineOpts {
+    let opts = PipelineOpts {
         source_extra,
         sink_extra,
         ..PipelineOpts::default()
-    }));
+    };
+    (fx, opts, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_to_pg_over_tls_only_servers_with_client_certificates() {
+    let (mut fx, opts, _certs) = pg_to_pg_over_tls().await;
+    fx.src.psql(
+        PG_DB,
+        "INSERT INTO orders SELECT g, 'seed ' || g, g, 'new', now(), true, NULL \
+         FROM generate_series(1, 500) g",
+    );
+    fx.write_pipeline(&pg_pipeline_yaml(&opts));
     let src_client = fx.src.local_client(PG_DB).await;
     let sink_client = fx.sink.local_client(SINK_DB).await;
     let mut z = fx.apply();
@@ -174,8 +188,10 @@ async fn pg_to_pg_over_tls_only_servers_with_client_certificates() {
     z.terminate_cleanly(Duration::from_secs(30));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_to_mariadb_with_require_secure_transport() {
+/// PostgreSQL (no TLS: `prefer` falls back to plaintext) → MariaDB with
+/// `require_secure_transport=ON` and a certificate for `mariadb.example`; `orders` on both
+/// sides, empty. `opts(ssl_mode)` gives the pipeline options.
+async fn pg_to_mariadb_over_tls() -> (Fixture, impl Fn(&str) -> PipelineOpts, tempfile::TempDir) {
     let dir = cert_dir();
     let ca = TestCa::new(dir.path(), "zipline-test");
     let server = ca.server("mariadb", &["mariadb.example"]);
@@ -193,32 +209,37 @@ async fn pg_to_mariadb_with_require_secure_transport() {
         .prefer_socket(false);
     let refused = mysql_async::Conn::new(plain).await;
     assert!(refused.is_err(), "MariaDB accepted a plaintext connection");
-    // The source has no TLS at all: `prefer` connects in plaintext.
     let pg = Postgres::start();
     pg.create_database(PG_DB);
     my.create_database(MY_DB);
     pg.psql(PG_DB, PG_ORDERS);
     my.sql(MY_DB, MY_ORDERS);
     let mysql_port = my.port;
-    let mut fx = Fixture {
+    let fx = Fixture {
         pg,
         my,
         work: Workdir::new(),
         mysql_port,
     };
-    let sink_tls = |mode: &str| {
-        let mut lines = vec![format!("ssl_mode: {mode}"), "max_wait: 20ms".to_owned()];
-        lines.extend(yaml_lines(&[("ssl_ca", &ca.ca_file())]));
-        lines
+    let ca_file = ca.ca_file();
+    let opts = move |mode: &str| {
+        let mut sink_extra = vec![format!("ssl_mode: {mode}"), "max_wait: 20ms".to_owned()];
+        sink_extra.extend(yaml_lines(&[("ssl_ca", &ca_file)]));
+        PipelineOpts {
+            source_extra: vec![
+                "sslmode: prefer".to_owned(),
+                "connect_retries: 0".to_owned(),
+            ],
+            sink_extra,
+            ..PipelineOpts::default()
+        }
     };
-    let opts = |mode: &str| PipelineOpts {
-        source_extra: vec![
-            "sslmode: prefer".to_owned(),
-            "connect_retries: 0".to_owned(),
-        ],
-        sink_extra: sink_tls(mode),
-        ..PipelineOpts::default()
-    };
+    (fx, opts, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_to_mariadb_with_require_secure_transport() {
+    let (mut fx, opts, _certs) = pg_to_mariadb_over_tls().await;
 
     // The certificate names mariadb.example, not 127.0.0.1.
     fx.write_pipeline(&pipeline_yaml(&opts("VERIFY_IDENTITY")));
@@ -328,4 +349,16 @@ async fn tls_failures_name_the_connector_the_host_and_the_reason() {
     );
     let slots = pg.psql(PG_DB, "SELECT count(*) FROM pg_replication_slots");
     assert_eq!(slots, "0", "a refused TLS setup leaves no slot behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_trace_over_tls_into_postgres() {
+    let (fx, opts, _certs) = pg_to_pg_over_tls().await;
+    e2e::trace::seed_trace(fx, &opts).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_trace_over_tls_into_mariadb() {
+    let (fx, opts, _certs) = pg_to_mariadb_over_tls().await;
+    e2e::trace::seed_trace(fx, &opts("VERIFY_CA")).await;
 }

@@ -19,8 +19,8 @@
 //! - `timeouts`: a source that never answers its handshake, a stalled sink connection, a
 //!   SIGTERM while the sink stalls, a sink outage ridden out and one that lasts too long.
 
-mod common;
-mod e2e;
+pub mod common;
+pub mod e2e;
 
 #[path = "edges/chaos.rs"]
 mod chaos;

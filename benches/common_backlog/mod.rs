@@ -9,9 +9,6 @@
 //! inserted earlier) on `items`, written as SQL text, plus the same changes as an op stream in
 //! the order pgoutput sends them (statement order, rows in statement order).
 
-// Each bench uses a different subset.
-#![allow(dead_code)]
-
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -61,14 +58,14 @@ pub fn env_or(name: &str, default: usize) -> usize {
 pub struct Rng(pub u64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         self.0
     }
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 

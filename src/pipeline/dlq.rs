@@ -47,7 +47,8 @@ pub struct ReplayReport {
     pub failed: Vec<(Vec<u64>, String)>,
 }
 
-fn sinks(pipeline: &config::Pipeline) -> Result<Vec<SinkPlan>, PipelineError> {
+/// Every sink the routes write to, once each, by name.
+pub(super) fn sinks(pipeline: &config::Pipeline) -> Result<Vec<SinkPlan>, PipelineError> {
     let mut names: Vec<&str> = pipeline
         .routes
         .iter()
@@ -104,7 +105,7 @@ pub async fn replay(
             }
         }
     }
-    claims.end(true).await;
+    claims.end(true, None).await;
     result.map(|()| reports)
 }
 

@@ -40,7 +40,7 @@ pub(crate) async fn claim(
             Ok(l) => leases.push((sink.name().to_owned(), l)),
             Err(e) => {
                 for (_, l) in leases {
-                    l.release().await;
+                    l.release(None).await;
                 }
                 return Err((sink.name().to_owned(), e));
             }
@@ -113,9 +113,9 @@ async fn renew(
 }
 
 impl Claims {
-    /// Stops renewing; on a clean stop (`release`) marks every claim released, so the next
-    /// instance need not wait for the lease.
-    pub(crate) async fn end(self, release: bool) {
+    /// Stops renewing; when `release`, marks every claim released, so the next instance need
+    /// not wait for the lease, with the error the pipeline stopped with (`failure`).
+    pub(crate) async fn end(self, release: bool, failure: Option<String>) {
         let _ = self.stop.send(true);
         let mut task = self.task;
         let leases = match tokio::time::timeout(RELEASE_WAIT, &mut task).await {
@@ -128,7 +128,7 @@ impl Claims {
         if release {
             for lease in leases {
                 // A claim not released in time lapses with its session or its lease.
-                let _ = tokio::time::timeout(RELEASE_WAIT, lease.release()).await;
+                let _ = tokio::time::timeout(RELEASE_WAIT, lease.release(failure.clone())).await;
             }
         }
     }

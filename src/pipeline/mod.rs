@@ -7,6 +7,7 @@ mod chain;
 mod cursor;
 pub mod dlq;
 mod instance;
+pub mod lifecycle;
 mod origin;
 mod plan;
 mod progress;
@@ -190,7 +191,8 @@ pub async fn run(
         }
     }
     signal.abort();
-    claims.end(true).await;
+    let failure = result.as_ref().err().map(|e| crate::error::report(e));
+    claims.end(true, failure).await;
     result
 }
 

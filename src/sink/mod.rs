@@ -12,12 +12,14 @@ use crate::change::{Change, Position, Table};
 use crate::error::{Cause, Classify, ErrorClass};
 
 mod coalesce;
+pub mod lifecycle;
 pub mod mysql;
 pub mod postgres;
 mod shapes;
 mod snapshot;
 mod store;
 
+pub use lifecycle::{ClaimStatus, Forgotten, LaneCheckpoint, Lifecycle, SinkStatus};
 pub use snapshot::{
     CopyTextTarget, SnapshotChunk, SnapshotState, SnapshotTarget,
     unsupported as snapshot_unsupported,
@@ -230,8 +232,9 @@ pub trait Lease: Send {
     /// over (stop). Transient: the sink could not be reached; the claim may still hold, and the
     /// writes stay fenced either way.
     fn renew(&mut self) -> BoxFuture<'_, Result<(), SinkError>>;
-    /// Marks the claim released (a clean stop), so the next instance need not wait.
-    fn release(self: Box<Self>) -> BoxFuture<'static, ()>;
+    /// Marks the claim released, so the next instance need not wait, with the error the
+    /// pipeline stopped with (`None`: a clean stop), which `pipeline status` shows.
+    fn release(self: Box<Self>, failure: Option<String>) -> BoxFuture<'static, ()>;
 }
 
 /// What a sink holds of a pipeline, for telling a first start from lost state.

@@ -3,13 +3,14 @@
 //! (`sink/mysql/checkpoint.rs`, `tables.rs`; likewise for PostgreSQL); the decisions shared by
 //! both live in [`crate::checkpoint`].
 
-use super::{BoxFuture, SinkError, SinkHistory};
+use super::{BoxFuture, Lifecycle, SinkError, SinkHistory};
 use crate::change::Position;
 use crate::checkpoint::TableRecord;
 
 /// The pipeline's positions and records in one sink. Every write is fenced (see
-/// [`crate::checkpoint::fence`]): it fails once another instance took the sink over.
-pub trait CheckpointStore: Send + Sync {
+/// [`crate::checkpoint::fence`]): it fails once another instance took the sink over. Its
+/// [`Lifecycle`] half reads and removes the same records for `pipeline status` and `drop`.
+pub trait CheckpointStore: Lifecycle + Send + Sync {
     /// For a source that keeps no cursor upstream (SQL Server): the lowest position that
     /// every one of `lanes` lanes has committed, i.e. where the source resumes (lanes skip
     /// what their own checkpoints cover). `None` when unknown: nothing committed yet, or some

@@ -21,11 +21,13 @@ use crate::error::{Cause, Classify, ErrorClass};
 use crate::metrics::ErrorCounts;
 
 pub mod emitter;
+pub mod lifecycle;
 pub mod postgres;
 pub mod snapshot;
 pub mod sqlserver;
 
 pub use emitter::{Emitter, Event, Frontier};
+pub use lifecycle::{SourceDropped, SourceStatus};
 
 /// An error from the source, classified by what the runtime does next: `Transient`
 /// (reconnect and resume from the frontier) or `Fatal` (stop and tell the operator). A

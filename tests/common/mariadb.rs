@@ -102,6 +102,14 @@ impl MariaDb {
 
     /// A connection as root over TCP; `db` may be "" for no default database.
     pub async fn conn(&self, db: &str) -> mysql_async::Conn {
+        if self
+            .extra
+            .iter()
+            .any(|o| o == "--require-secure-transport=ON")
+        {
+            // The socket counts as secure transport; TCP would need TLS.
+            return self.socket_conn(db).await;
+        }
         let opts = mysql_async::OptsBuilder::default()
             .ip_or_hostname("127.0.0.1")
             .tcp_port(self.port)

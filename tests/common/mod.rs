@@ -31,9 +31,6 @@
 //! - mysql_async reconnects over the Unix socket by default when the host is 127.0.0.1
 //!   (`prefer_socket`), which silently bypasses a [`Proxy`]; [`MariaDb::conn`] turns that off.
 
-// Each test binary uses a different subset of the harness.
-#![allow(dead_code, unused_imports)]
-
 pub mod certs;
 pub mod changes;
 mod mariadb;

@@ -12,7 +12,7 @@
 
 use super::{
     StartError, copy_dir, file_len, kill_child, kill_tree, log_since, os_user, run, stop_child,
-    tcp_accepts, try_run_with_stdin, wait_timeout,
+    tcp_accepts, try_run_with_stdin,
 };
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -118,6 +118,9 @@ impl Postgres {
 
     /// libpq-style connection string for `db` over TCP, user `postgres`.
     pub fn conn_str(&self, db: &str) -> String {
+        if self.tls_only() {
+            return self.local_conn_str(db);
+        }
         format!(
             "host=127.0.0.1 port={} user=postgres dbname={db} connect_timeout=10",
             self.port
@@ -129,8 +132,18 @@ impl Postgres {
         format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
     }
 
-    /// A connected client; its connection task runs on the caller's runtime.
+    /// Whether TCP takes TLS only (started with its own `hba_file`): the test's own clients
+    /// then use the Unix socket.
+    fn tls_only(&self) -> bool {
+        self.settings.iter().any(|(k, _)| k == "hba_file")
+    }
+
+    /// A connected client (over the Unix socket when TCP takes TLS only); its connection task
+    /// runs on the caller's runtime.
     pub async fn client(&self, db: &str) -> tokio_postgres::Client {
+        if self.tls_only() {
+            return self.local_client(db).await;
+        }
         let (client, conn) = tokio_postgres::connect(&self.conn_str(db), tokio_postgres::NoTls)
             .await
             .unwrap_or_else(|e| panic!("connecting to postgres :{} db {db}: {e}", self.port));

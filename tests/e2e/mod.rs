@@ -16,12 +16,10 @@
 //! slot is streaming ([`wait_streaming`]: after the initial snapshot); [`snapshot`] has the
 //! helpers of the snapshot tests.
 
-// Each test binary uses a different subset of these helpers.
-#![allow(dead_code)]
-
 pub mod pg;
 pub mod sinks;
 pub mod snapshot;
+pub mod trace;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -78,6 +76,12 @@ pub struct Fixture {
 pub struct Workdir {
     pub dir: tempfile::TempDir,
     spawned: u32,
+}
+
+impl Default for Workdir {
+    fn default() -> Self {
+        Workdir::new()
+    }
 }
 
 impl Workdir {

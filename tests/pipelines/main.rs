@@ -11,15 +11,16 @@
 //!   servers and proxy themselves.
 
 #[path = "../common/mod.rs"]
-mod common;
+pub mod common;
 #[path = "../e2e/mod.rs"]
-mod e2e;
+pub mod e2e;
 
 mod bad_inputs_mysql;
 mod bad_inputs_postgres;
 mod contract;
 mod harness;
 mod large_tx;
+mod lifecycle;
 mod metrics;
 mod postgres_sink;
 mod schema;

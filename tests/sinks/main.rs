@@ -12,9 +12,9 @@
 //!   checks and `create_tables`.
 
 #[path = "../common/mod.rs"]
-mod common;
+pub mod common;
 #[path = "../e2e/mod.rs"]
-mod e2e;
+pub mod e2e;
 
 mod contract;
 mod mysql;

@@ -2,9 +2,9 @@
 //! live server when one is configured (`live`).
 
 #[path = "../common/mod.rs"]
-mod common;
+pub mod common;
 #[path = "../e2e/mod.rs"]
-mod e2e;
+pub mod e2e;
 
 mod live;
 mod mock;

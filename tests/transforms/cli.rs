@@ -255,11 +255,13 @@ fn every_help_has_examples_exit_codes_and_environment_and_its_examples_run() {
         .trim_end_matches("transform:")
         .trim_end();
     let bad = format!("{good}\n    lanes: many\n");
-    let commands: [(&[&str], bool); 7] = [
+    let commands: [(&[&str], bool); 9] = [
         (&[], true),
         (&["pipeline", "validate"], true),
         (&["transform", "test"], true),
         (&["pipeline", "apply"], false),
+        (&["pipeline", "status"], false),
+        (&["pipeline", "drop"], false),
         (&["dlq", "list"], false),
         (&["dlq", "replay"], false),
         (&["completions"], true),
@@ -306,7 +308,10 @@ fn every_help_has_examples_exit_codes_and_environment_and_its_examples_run() {
         assert!(!examples.is_empty(), "{command:?}");
         for example in examples {
             let word = |w: &str| example.contains(&format!("zipline {w}"));
-            let needs_databases = word("pipeline apply") || word("dlq");
+            let needs_databases = word("pipeline apply")
+                || word("pipeline status")
+                || word("pipeline drop")
+                || word("dlq");
             if command.is_empty() && needs_databases {
                 continue; // run below, under their own command
             }

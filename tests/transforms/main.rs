@@ -3,9 +3,9 @@
 //! transforms on running pipelines (`pipelines`).
 
 #[path = "../common/mod.rs"]
-mod common;
+pub mod common;
 #[path = "../e2e/mod.rs"]
-mod e2e;
+pub mod e2e;
 
 mod cli;
 mod examples;

@@ -36,13 +36,34 @@ pub(crate) fn create_table_sql(database: &str) -> String {
          epoch BIGINT UNSIGNED NOT NULL, pid INT UNSIGNED NOT NULL, host VARCHAR(255) NOT NULL, \
          session BIGINT UNSIGNED NOT NULL, started_at TIMESTAMP(6) NOT NULL, \
          heartbeat_at TIMESTAMP(6) NOT NULL, stopped_at TIMESTAMP(6) NULL, \
-         PRIMARY KEY (pipeline, connector)) \
+         last_error LONGTEXT NULL, PRIMARY KEY (pipeline, connector)) \
          ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
     );
     sql
 }
 
-fn push_table(buf: &mut String, database: &str) {
+/// Fence tables made before `last_error` existed get it (MySQL 8 has no `ADD COLUMN IF NOT
+/// EXISTS`; two instances adding it at once are told 1060, which means it is there).
+async fn add_last_error(conn: &mut Conn, database: &str) -> Result<(), mysql_async::Error> {
+    let mut probe = String::from(
+        "SELECT 1 FROM information_schema.COLUMNS WHERE COLUMN_NAME='last_error' AND TABLE_SCHEMA=",
+    );
+    push_str(&mut probe, database);
+    probe.push_str(" AND TABLE_NAME=");
+    push_str(&mut probe, FENCE_TABLE);
+    if conn.query_first::<u8, _>(probe).await?.is_some() {
+        return Ok(());
+    }
+    let mut sql = String::from("ALTER TABLE ");
+    push_table(&mut sql, database);
+    sql.push_str(" ADD COLUMN last_error LONGTEXT NULL");
+    match conn.query_drop(sql).await {
+        Err(mysql_async::Error::Server(e)) if e.code == 1060 => Ok(()),
+        other => other,
+    }
+}
+
+pub(super) fn push_table(buf: &mut String, database: &str) {
     push_ident(buf, database);
     buf.push('.');
     push_ident(buf, FENCE_TABLE);
@@ -179,6 +200,9 @@ pub(crate) async fn claim(
     conn.query_drop(create_table_sql(&o.database))
         .await
         .map_err(err("creating the fence table"))?;
+    add_last_error(&mut conn, &o.database)
+        .await
+        .map_err(err("adding column last_error to the fence table"))?;
     // A claim waits for writes in flight of an older instance, not for ever.
     conn.query_drop("SET SESSION innodb_lock_wait_timeout=10")
         .await
@@ -403,7 +427,7 @@ impl Lease for MysqlLease {
         })
     }
 
-    fn release(self: Box<Self>) -> BoxFuture<'static, ()> {
+    fn release(self: Box<Self>, failure: Option<String>) -> BoxFuture<'static, ()> {
         Box::pin(async move {
             let MysqlLease {
                 shared,
@@ -415,7 +439,11 @@ impl Lease for MysqlLease {
             let Some(mut conn) = conn else { return };
             let mut sql = String::from("UPDATE ");
             push_table(&mut sql, &shared.options.database);
-            sql.push_str(" SET stopped_at=NOW(6)");
+            sql.push_str(" SET stopped_at=NOW(6), last_error=");
+            match &failure {
+                Some(text) => push_str(&mut sql, text),
+                None => sql.push_str("NULL"),
+            }
             push_owner(&mut sql, &shared);
             sql.push_str(&format!(" AND epoch={epoch}; DO RELEASE_LOCK({lock})"));
             if let Err(e) = conn.query_drop(sql).await {

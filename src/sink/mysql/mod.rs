@@ -35,6 +35,7 @@ mod evolve;
 mod fence;
 mod infile;
 mod lane;
+mod lifecycle;
 
 use self::lane::MysqlLane;
 pub(crate) mod literal;

@@ -24,6 +24,28 @@ use super::sql::qualified;
 use crate::checkpoint::fence::{self, FENCE_TABLE, FenceRow, Holder, STARTING_RETRIES, Verdict};
 use crate::sink::{BoxFuture, Lease, SinkError};
 
+/// Fence tables made before `last_error` existed get it. Looked up first: the `ALTER` takes
+/// an exclusive lock that would queue the running instance's batches behind a new claimant.
+async fn add_last_error(client: &Client, schema: &str) -> Result<(), tokio_postgres::Error> {
+    let table = qualified(schema, FENCE_TABLE);
+    let present = client
+        .query_opt(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = $1::text::regclass \
+             AND attname = 'last_error' AND NOT attisdropped",
+            &[&table],
+        )
+        .await?
+        .is_some();
+    if !present {
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS last_error text"
+            ))
+            .await?;
+    }
+    Ok(())
+}
+
 /// `CREATE TABLE IF NOT EXISTS` for the fence table in `schema`.
 pub(crate) fn create_table_sql(schema: &str) -> String {
     format!(
@@ -33,7 +55,7 @@ pub(crate) fn create_table_sql(schema: &str) -> String {
          epoch bigint NOT NULL, pid bigint NOT NULL, host text NOT NULL, \
          session integer NOT NULL, started_at timestamptz NOT NULL, \
          heartbeat_at timestamptz NOT NULL, stopped_at timestamptz, \
-         PRIMARY KEY (pipeline, connector))",
+         last_error text, PRIMARY KEY (pipeline, connector))",
         qualified(schema, FENCE_TABLE)
     )
 }
@@ -198,6 +220,9 @@ pub(crate) async fn claim(
         .batch_execute(&create_table_sql(shared.checkpoint_schema()))
         .await
         .map_err(err("creating the fence table"))?;
+    add_last_error(&client, shared.checkpoint_schema())
+        .await
+        .map_err(err("adding column last_error to the fence table"))?;
     let (live, _) = shared.fence_keys;
     let mut waited = 0;
     while !try_lock(&client, live)
@@ -382,7 +407,7 @@ impl Lease for PostgresLease {
         })
     }
 
-    fn release(self: Box<Self>) -> BoxFuture<'static, ()> {
+    fn release(self: Box<Self>, failure: Option<String>) -> BoxFuture<'static, ()> {
         Box::pin(async move {
             let PostgresLease {
                 shared,
@@ -393,14 +418,14 @@ impl Lease for PostgresLease {
             let Some(client) = client else { return };
             let o = &shared.options;
             let sql = format!(
-                "UPDATE {} SET stopped_at = clock_timestamp() WHERE pipeline = $1::text AND \
-                 connector = $2::text AND epoch = $3::int8",
+                "UPDATE {} SET stopped_at = clock_timestamp(), last_error = $4::text \
+                 WHERE pipeline = $1::text AND connector = $2::text AND epoch = $3::int8",
                 qualified(shared.checkpoint_schema(), FENCE_TABLE),
             );
             let epoch = i64::try_from(epoch).unwrap_or(i64::MAX);
             let released = async {
                 client
-                    .execute(&sql, &[&shared.pipeline, &o.name, &epoch])
+                    .execute(&sql, &[&shared.pipeline, &o.name, &epoch, &failure])
                     .await?;
                 client
                     .batch_execute("SELECT pg_advisory_unlock_all()")

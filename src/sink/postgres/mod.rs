@@ -48,6 +48,7 @@ mod encode;
 mod errors;
 mod fence;
 mod lane;
+mod lifecycle;
 mod pipeline;
 mod schema;
 mod snapshot;

@@ -7,6 +7,7 @@
 //! frontier reported by the lanes' ack tracker.
 
 mod conn;
+mod lifecycle;
 mod monitor;
 pub(crate) mod pgoutput;
 pub(crate) mod replication;
@@ -17,6 +18,8 @@ pub(crate) mod types;
 
 use std::sync::Arc;
 use std::time::Duration;
+
+pub use lifecycle::{drop_owned, status};
 
 use crate::change::{Lsn, Table};
 use crate::config;
@@ -150,6 +153,7 @@ impl PostgresSource {
         setup::ensure_publication(
             &client,
             &self.opts.publication,
+            &self.opts.slot_name,
             self.opts.tables.as_deref(),
             &self.tables,
         )
@@ -255,6 +259,7 @@ impl Source for PostgresSource {
                     .await?
                     .map_or(Duration::from_secs(120), |t| t * 3);
                 setup::drop_slot(&client, &self.opts.slot_name, patience).await?;
+                tracing::warn!(slot = %self.opts.slot_name, "dropped the replication slot to start over");
             }
             self.slot = None;
             Ok(())

@@ -407,6 +407,7 @@ pub(crate) async fn publication_exists(
 pub(crate) async fn ensure_publication(
     client: &Client,
     publication: &str,
+    slot: &str,
     configured: Option<&[String]>,
     tables: &[Arc<Table>],
 ) -> Result<(), SourceError> {
@@ -436,11 +437,24 @@ pub(crate) async fn ensure_publication(
         (true, None) => return Ok(()),
     };
     tracing::info!(publication, statement = %sql, "configuring publication");
+    // Marked when created, so `pipeline drop` removes only a publication Zipline made.
+    let sql = if exists {
+        sql
+    } else {
+        format!(
+            "{sql}; COMMENT ON PUBLICATION {} IS {}",
+            quote_ident(publication),
+            quote_literal(&format!("{OWNED_MARK} for replication slot {slot}"))
+        )
+    };
     client
         .batch_execute(&sql)
         .await
         .map_err(|e| sql_error(&format!("configuring publication {publication}"), &e))
 }
+
+/// How the comment of a publication Zipline created begins.
+pub(crate) const OWNED_MARK: &str = "created by zipline";
 
 /// What we know of an existing slot.
 #[derive(Debug, Clone)]
@@ -532,10 +546,7 @@ pub(crate) async fn drop_slot(
             .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
             .await
         {
-            Ok(_) => {
-                tracing::warn!(slot, "dropped the replication slot to start over");
-                return Ok(());
-            }
+            Ok(_) => return Ok(()),
             Err(e)
                 if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
                     && backoff.wait(&e).await => {}
