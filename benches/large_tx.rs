@@ -69,7 +69,7 @@ fn main() {
     let log = std::fs::File::create(dir.path().join("zipline.log")).expect("log");
     let started = Instant::now();
     let mut child = std::process::Command::new(common::zipline_bin())
-        .args(["pipeline", "apply", "-f"])
+        .args(["pipeline", "apply", "--log-format", "text", "-f"])
         .arg(&yaml)
         .stderr(log)
         .spawn()

@@ -412,7 +412,7 @@ async fn pipeline(changes: usize, rounds: usize) {
         let log = std::fs::File::create(dir.path().join(format!("{slot}.log"))).expect("log");
         let started = Instant::now();
         let mut child = std::process::Command::new(common::zipline_bin())
-            .args(["pipeline", "apply", "-f"])
+            .args(["pipeline", "apply", "--log-format", "text", "-f"])
             .arg(&yaml)
             .stderr(log)
             .spawn()

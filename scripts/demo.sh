@@ -69,7 +69,7 @@ echo "== $(elapsed) starting: zipline pipeline apply -f examples/demo.yaml   (it
 export POSTGRES_HOST=127.0.0.1 POSTGRES_PORT=$PGPORT POSTGRES_DATABASE=shop POSTGRES_USER=postgres \
   POSTGRES_PUBLICATION=zipline_demo POSTGRES_SLOT_NAME=zipline_demo MYSQL_PORT=$MYPORT ZIPLINE_LOG=info
 : > "$DIR/zipline.log"
-"$ZIPLINE" pipeline apply -f examples/demo.yaml 2> "$DIR/zipline.log" &
+"$ZIPLINE" pipeline apply -f examples/demo.yaml --log-format text 2> "$DIR/zipline.log" &
 ZPID=$!
 # Show the log lines that tell the story, without colours or timestamps (tail ends with
 # Zipline).
@@ -111,7 +111,7 @@ echo "== $(elapsed) the pipeline's status"
 echo "   last progress line:"
 grep progress "$DIR/zipline.log" | tail -1 | sed 's/\x1b\[[0-9;]*m//g; s/^/     /'
 echo "   zipline pipeline status -f examples/demo.yaml   (works whether or not the pipeline runs):"
-"$ZIPLINE" pipeline status -f examples/demo.yaml 2>&1 | sed 's/^/     /'
+"$ZIPLINE" pipeline status -f examples/demo.yaml --log-format text 2>&1 | sed 's/^/     /'
 
 echo "== $(elapsed) stopping zipline with SIGTERM (drain, checkpoint, confirm, exit 0)"
 kill -TERM "$ZPID"
@@ -122,7 +122,7 @@ kill "$TAILPID" 2>/dev/null || true
 TAILPID=""
 echo "   zipline exited with status $status"
 echo "== $(elapsed) zipline pipeline drop -f examples/demo.yaml --yes   (removes the slot, the publication it made, its checkpoints)"
-"$ZIPLINE" pipeline drop -f examples/demo.yaml --yes 2>&1 | sed 's/^/   /'
+"$ZIPLINE" pipeline drop -f examples/demo.yaml --yes --log-format text 2>&1 | sed 's/^/   /'
 if [ "$got" = "$want" ] && [ "$status" = 0 ]; then
   echo "== $(elapsed) demo OK: MariaDB matches PostgreSQL"
 else

@@ -23,6 +23,7 @@ Exit codes:
 Environment:
   ZIPLINE_LOG              log filter, default `info` (e.g. `debug`, `zipline=debug,info`);
                            logs go to stderr
+  ZIPLINE_LOG_FORMAT       `text` or `json`, as --log-format (which wins)
   ZIPLINE_SECRET_<REF>     the value of secret ref <REF> (upper case, `-` as `_`): the
                            ref `pg-password` is read from ZIPLINE_SECRET_PG_PASSWORD, then
                            from <secrets-dir>/pg-password
@@ -38,6 +39,7 @@ Examples:
   zipline pipeline status -f pipeline.yaml
   zipline transform test --module mask.wasm --config columns=email --input changes.jsonl
   zipline dlq list -f pipeline.yaml
+  zipline completions bash > zipline.bash
 ";
 
 const APPLY_HELP: &str = "\
@@ -45,6 +47,17 @@ Examples:
   zipline pipeline apply -f pipeline.yaml
   ZIPLINE_SECRET_PG_PASSWORD=... zipline pipeline apply -f pipeline.yaml --secrets-dir /run/secrets
   zipline pipeline apply -f pipeline.yaml --resnapshot
+  zipline pipeline apply -f pipeline.yaml --log-format json
+";
+
+const COMPLETIONS_HELP: &str = "\
+Examples:
+  zipline completions bash > zipline.bash
+  zipline completions zsh > _zipline
+  zipline completions fish > zipline.fish
+
+Install: bash: into ~/.local/share/bash-completion/completions/zipline; zsh: `_zipline` into a
+directory of $fpath; fish: into ~/.config/fish/completions/zipline.fish.
 ";
 
 const VALIDATE_HELP: &str = "\
@@ -88,8 +101,21 @@ Examples:
 #[derive(Debug, Parser)]
 #[command(name = "zipline", version, about, after_help = format!("{MAIN_HELP}\n{EXIT_AND_ENV}"))]
 struct Cli {
+    /// Log lines as `text` (for people) or `json` (one object per line, for log collectors).
+    /// Default: text when stderr is a terminal, json otherwise.
+    #[arg(long, global = true, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines, coloured on a terminal.
+    Text,
+    /// One JSON object per line: timestamp, level, message and every field.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -103,6 +129,13 @@ enum Command {
     /// Work with the changes sinks set aside (`on_error: dead_letter`).
     #[command(subcommand)]
     Dlq(DlqCommand),
+    /// Print a completion script for a shell to stdout.
+    #[command(after_help = format!("{COMPLETIONS_HELP}\n{EXIT_AND_ENV}"))]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -240,7 +273,10 @@ struct FileArgs {
 
 pub(crate) fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    if let Err(e) = init_logging(cli.log_format) {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -257,15 +293,34 @@ pub(crate) fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+/// Logs to stderr as `format` says, else as ZIPLINE_LOG_FORMAT says, else text on a
+/// terminal and JSON lines otherwise (a service manager or a collector reads them).
+fn init_logging(format: Option<LogFormat>) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("ZIPLINE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let format = match (format, std::env::var("ZIPLINE_LOG_FORMAT")) {
+        (Some(format), _) => format,
+        (None, Ok(value)) => {
+            <LogFormat as clap::ValueEnum>::from_str(value.trim(), true).map_err(|_| {
+                anyhow::anyhow!(
+                    "ZIPLINE_LOG_FORMAT={value:?}: expected `text` or `json` (or unset it)"
+                )
+            })?
+        }
+        (None, Err(_)) if terminal => LogFormat::Text,
+        (None, Err(_)) => LogFormat::Json,
+    };
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_target(false);
+    match format {
+        LogFormat::Text => logs.with_ansi(terminal).init(),
+        // Fields at the top level next to `message`, so collectors need no unnesting.
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+    }
+    Ok(())
 }
 
 fn load(args: &FileArgs) -> anyhow::Result<config::Pipeline> {
@@ -299,6 +354,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Transform(TransformCommand::Test(args)) => transform_test(&args),
         Command::Dlq(command) => dlq(command),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "zipline", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Pipeline(PipelineCommand::Apply(args)) => {
             // Listen before anything else: a stop asked while the file loads or the
             // transforms compile then drains at once instead of killing the process.

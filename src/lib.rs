@@ -20,6 +20,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod lane;
+pub mod metrics;
 pub mod pipeline;
 pub mod retry;
 pub mod runtime;

@@ -269,7 +269,7 @@ pub fn spawn_zipline(yaml: &Path, log: &Path) -> Child {
     };
     let out = std::fs::File::create(log).expect("creating the zipline log");
     command
-        .args(["pipeline", "apply", "-f"])
+        .args(["pipeline", "apply", "--log-format", "text", "-f"])
         .arg(yaml)
         .stderr(out)
         .spawn()

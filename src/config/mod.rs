@@ -508,7 +508,7 @@ routes:
         let e = load_str("o.yaml", &with("  progress: 1s\n"), &opts_without("")).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "o.yaml:20: settings.progress: unknown field `progress`; expected one of: progress_interval, instance_lease, drain_timeout"
+            "o.yaml:20: settings.progress: unknown field `progress`; expected one of: progress_interval, instance_lease, drain_timeout, metrics"
         );
         let e = load_str(
             "o.yaml",
@@ -520,6 +520,43 @@ routes:
             (e.line(), e.field()),
             (Some(20), "settings.progress_interval")
         );
+    }
+
+    #[test]
+    fn settings_metrics_is_an_ip_and_port_or_nothing() {
+        let base = EXAMPLE.to_owned();
+        let with = |s: &str| format!("{base}settings:\n{s}");
+        let p = load_str("o.yaml", &base, &opts_without("")).unwrap();
+        assert_eq!(p.settings.metrics, None, "off by default");
+        let p = load_str(
+            "o.yaml",
+            &with("  metrics: 127.0.0.1:9464\n"),
+            &opts_without(""),
+        )
+        .unwrap();
+        assert_eq!(p.settings.metrics, Some("127.0.0.1:9464".parse().unwrap()));
+        let p = load_str(
+            "o.yaml",
+            &with("  metrics: \"[::1]:0\"\n"),
+            &opts_without(""),
+        )
+        .unwrap();
+        assert_eq!(p.settings.metrics, Some("[::1]:0".parse().unwrap()));
+        for bad in ["localhost:9464", "127.0.0.1", "9464", "127.0.0.1:99999"] {
+            let e = load_str(
+                "o.yaml",
+                &with(&format!("  metrics: \"{bad}\"\n")),
+                &opts_without(""),
+            )
+            .unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "o.yaml:20: settings.metrics: {bad:?} is not an address to listen on: \
+                     expected IP:port, such as 127.0.0.1:9464, 0.0.0.0:9464 or [::1]:9464"
+                )
+            );
+        }
     }
 
     #[test]

@@ -50,6 +50,23 @@ pub struct Settings {
     /// pipeline exits non-zero, confirming only what is durable. Default 30s.
     #[serde(deserialize_with = "values::duration")]
     pub drain_timeout: Duration,
+    /// Where `pipeline apply` serves `/metrics`, `/healthz` and `/readyz` over HTTP (an IP
+    /// address and port, e.g. `127.0.0.1:9464`). Off by default.
+    #[serde(deserialize_with = "metrics_address")]
+    pub metrics: Option<std::net::SocketAddr>,
+}
+
+/// `IP:port`: what is bound is said in the file, never looked up in DNS.
+fn metrics_address<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    let text = values::non_empty(d)?;
+    text.trim().parse().map(Some).map_err(|_| {
+        serde::de::Error::custom(format_args!(
+            "{text:?} is not an address to listen on: expected IP:port, such as \
+             127.0.0.1:9464, 0.0.0.0:9464 or [::1]:9464"
+        ))
+    })
 }
 
 /// A lease shorter than a few heartbeats would hand the pipeline over while its holder lives.
@@ -71,6 +88,7 @@ impl Default for Settings {
             progress_interval: Duration::from_secs(5),
             instance_lease: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(30),
+            metrics: None,
         }
     }
 }

@@ -65,7 +65,10 @@ pub(super) async fn apply(
             ))),
         };
         let err = match result {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                stats.connected.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
             Err(e) => e,
         };
         if err.kind == SinkErrorKind::UniqueConflict
@@ -73,14 +76,17 @@ pub(super) async fn apply(
             && conflicts_seen < CONFLICT_RETRIES
         {
             conflicts_seen += 1;
+            stats.errors.count(ErrorClass::Transient);
             stats.retries.fetch_add(1, Ordering::Relaxed);
             tracing::info!(sink = %cfg.sink, attempt = conflicts_seen, error = %crate::error::Report(&err), "unique-key conflict with another row; retrying in case another lane has yet to move that row's value away");
             tokio::time::sleep(Duration::from_millis(100 * u64::from(conflicts_seen))).await;
             continue;
         }
         if err.class != ErrorClass::Transient {
+            stats.errors.count(err.class);
             return Err(err);
         }
+        stats.connected.store(false, Ordering::Relaxed);
         let backoff = retrying.get_or_insert_with(|| {
             Backoff::new(
                 format!(
@@ -91,6 +97,7 @@ pub(super) async fn apply(
             )
         });
         if !backoff.wait(&err).await {
+            stats.errors.count(ErrorClass::Fatal);
             let message = format!(
                 "{} (the sink kept failing for {:.0?}, longer than sink_outage_timeout {:?}, over \
                  {} retries; check that it is up and reachable, then start Zipline again: \
@@ -105,11 +112,15 @@ pub(super) async fn apply(
                 ..err.reworded(message)
             });
         }
+        stats.errors.count(ErrorClass::Transient);
         stats.retries.fetch_add(1, Ordering::Relaxed);
         // A failed reconnect counts as the next attempt's failure.
         match tokio::time::timeout(cfg.statement_timeout, sink.reconnect()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) if e.class != ErrorClass::Transient => return Err(e),
+            Ok(Err(e)) if e.class != ErrorClass::Transient => {
+                stats.errors.count(e.class);
+                return Err(e);
+            }
             Ok(Err(e)) => {
                 tracing::warn!(sink = %cfg.sink, attempt = backoff.attempts(), error = %crate::error::Report(&e), "reconnect failed")
             }

@@ -13,7 +13,9 @@ mod settle;
 mod tracker;
 mod worker;
 
-pub use queue::{Closed, Empty, LaneReceiver, LaneSender, Parcel, Reserved, queue};
+pub use queue::{
+    Closed, Empty, LaneReceiver, LaneSender, Parcel, QueueDepth, Queued, Reserved, queue,
+};
 pub use router::{Router, is_toast_move, key_hash, lane_of, needs_barrier, plan};
 pub use tracker::{Ack, AckTracker};
 pub use worker::{LaneConfig, LaneError, LaneStats, run_lane};

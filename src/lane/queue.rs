@@ -14,7 +14,43 @@ use tokio::time::Instant;
 use crate::change::Change;
 
 /// The changes of one hand-over.
-pub type Parcel = Vec<Arc<Change>>;
+pub type Parcel = Vec<Queued>;
+
+/// A change in a lane's queue.
+#[derive(Debug, Clone)]
+pub struct Queued {
+    /// The change.
+    pub change: Arc<Change>,
+    /// Whether applying it counts as a change applied: false for the delete half of an update
+    /// that moved its row to another lane's key (the other half counts the source change
+    /// once; see [`super::plan`]).
+    pub counts: bool,
+}
+
+impl Queued {
+    /// A change that counts as one.
+    pub fn new(change: Arc<Change>) -> Self {
+        Queued {
+            change,
+            counts: true,
+        }
+    }
+}
+
+/// How many changes wait in a lane's queue: handed over by the dispatcher, not yet taken by
+/// the lane. Holds no sender, so it keeps no queue open.
+#[derive(Debug, Clone)]
+pub struct QueueDepth {
+    room: Arc<Semaphore>,
+    capacity: usize,
+}
+
+impl QueueDepth {
+    /// Changes in the queue now.
+    pub fn get(&self) -> usize {
+        self.capacity.saturating_sub(self.room.available_permits())
+    }
+}
 
 /// A new queue holding at most `capacity` changes (at least one).
 pub fn queue(capacity: usize) -> (LaneSender, LaneReceiver) {
@@ -52,6 +88,14 @@ impl LaneSender {
     /// The most changes one parcel may hold (the queue's capacity).
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// A gauge of the queue's depth.
+    pub fn depth(&self) -> QueueDepth {
+        QueueDepth {
+            room: self.room.clone(),
+            capacity: self.capacity,
+        }
     }
 
     /// Sends `parcel` (at most [`capacity`](Self::capacity) changes) if the queue has room for
@@ -115,7 +159,7 @@ impl Drop for Reserved {
 pub struct LaneReceiver {
     rx: mpsc::UnboundedReceiver<Parcel>,
     room: Arc<Semaphore>,
-    pending: VecDeque<Arc<Change>>,
+    pending: VecDeque<Queued>,
 }
 
 /// Why [`LaneReceiver::try_recv`] has no change.
@@ -134,7 +178,7 @@ impl LaneReceiver {
     }
 
     /// The next change; `None` once the queue is closed and empty.
-    pub async fn recv(&mut self) -> Option<Arc<Change>> {
+    pub async fn recv(&mut self) -> Option<Queued> {
         loop {
             if let Some(change) = self.pending.pop_front() {
                 return Some(change);
@@ -145,7 +189,7 @@ impl LaneReceiver {
     }
 
     /// The next change if one is there now.
-    pub fn try_recv(&mut self) -> Result<Arc<Change>, Empty> {
+    pub fn try_recv(&mut self) -> Result<Queued, Empty> {
         loop {
             if let Some(change) = self.pending.pop_front() {
                 return Ok(change);
@@ -159,7 +203,7 @@ impl LaneReceiver {
     }
 
     /// The next change, waiting until `deadline` at the latest (`Err(Empty::Now)` then).
-    pub async fn recv_until(&mut self, deadline: Instant) -> Result<Arc<Change>, Empty> {
+    pub async fn recv_until(&mut self, deadline: Instant) -> Result<Queued, Empty> {
         match tokio::time::timeout_at(deadline, self.recv()).await {
             Ok(Some(change)) => Ok(change),
             Ok(None) => Err(Empty::Closed),
@@ -173,15 +217,15 @@ mod tests {
     use super::*;
     use crate::change::{Lsn, Op, Position, Table};
 
-    fn change(n: u32) -> Arc<Change> {
-        Arc::new(Change {
+    fn change(n: u32) -> Queued {
+        Queued::new(Arc::new(Change {
             position: Position::new(Lsn(1), n),
             op: Op::Delete,
             table: Arc::new(Table::new("s".into(), "t".into(), Vec::new())),
             key: Vec::new(),
             old_key: None,
             values: Vec::new(),
-        })
+        }))
     }
 
     #[tokio::test]
@@ -194,15 +238,17 @@ mod tests {
             .expect_err("no room for two more");
         assert_eq!((back.len(), closed), (2, None));
         tx.try_send(vec![change(3)]).expect("room for one");
+        assert_eq!(tx.depth().get(), 3);
         // Taking a parcel out frees its room.
-        assert_eq!(rx.try_recv().map(|c| c.position.ordinal), Ok(1));
+        assert_eq!(rx.try_recv().map(|c| c.change.position.ordinal), Ok(1));
         let reserved = tx.reserve(2).await.expect("room again");
         reserved.send(vec![change(4)]).expect("sent");
         let mut seen = Vec::new();
         while let Ok(c) = rx.try_recv() {
-            seen.push(c.position.ordinal);
+            seen.push(c.change.position.ordinal);
         }
         assert_eq!(seen, vec![2, 3, 4]);
+        assert_eq!(tx.depth().get(), 0, "everything taken out");
         drop(tx);
         assert!(matches!(rx.try_recv(), Err(Empty::Closed)));
     }

@@ -130,25 +130,28 @@ pub fn needs_barrier(change: &Change, lanes: u32) -> bool {
     }
 }
 
-/// Where a change goes: `(lane, change)` pairs, in dispatch order.
+/// Where a change goes: `(lane, change, counts)` triples, in dispatch order; `counts` says
+/// whether applying that part counts as a change applied.
 ///
 /// An update that moves a row to a new key whose lane differs from the old key's must reach
 /// the old key's lane as a delete, or a later reuse of the old key could overtake it. Both
 /// halves keep the original position, which is safe because they land on different lanes
-/// (each lane's checkpoint sees the position once). When both keys share a lane the change
-/// travels whole and the sink deletes the old key itself.
-pub fn plan(change: Change, lanes: u32) -> Vec<(u32, Change)> {
+/// (each lane's checkpoint sees the position once). The source change counts once, with the
+/// new row's half: the delete half does not count (it is how the row leaves its old lane).
+/// When both keys share a lane the change travels whole and the sink deletes the old key
+/// itself.
+pub fn plan(change: Change, lanes: u32) -> Vec<(u32, Change, bool)> {
     let lane = lane_of(&change.table.schema, &change.table.name, &change.key, lanes);
     let Some(old) = &change.old_key else {
-        return vec![(lane, change)];
+        return vec![(lane, change, true)];
     };
     if is_toast_move(&change) {
         // Travels whole: only the sink's stored row holds the untouched values.
-        return vec![(lane, change)];
+        return vec![(lane, change, true)];
     }
     let old_lane = lane_of(&change.table.schema, &change.table.name, old, lanes);
     if old_lane == lane {
-        return vec![(lane, change)];
+        return vec![(lane, change, true)];
     }
     let delete = Change {
         position: change.position,
@@ -162,7 +165,7 @@ pub fn plan(change: Change, lanes: u32) -> Vec<(u32, Change)> {
         old_key: None,
         ..change
     };
-    vec![(old_lane, delete), (lane, upsert)]
+    vec![(old_lane, delete, false), (lane, upsert, true)]
 }
 
 #[cfg(test)]

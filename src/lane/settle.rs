@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use super::apply::{Conflicts, Work, apply};
 use super::worker::{LaneConfig, LaneStats};
-use crate::change::Change;
+use crate::change::{Change, Position};
 use crate::config::OnError;
 use crate::error::ErrorClass;
 use crate::sink::{Batch, DeadLetter, LaneSink, ParkedKey, SinkError};
@@ -97,7 +97,8 @@ pub(super) struct Settled {
 }
 
 /// Settles `batch`, which failed with the definite error `err` (see the module docs). `Ok`
-/// when every change of it is applied, skipped or dead-lettered, durably.
+/// when every change of it is applied, skipped or dead-lettered, durably. The changes at
+/// `uncounted` do not count as applied (see [`counted`]).
 pub(super) async fn settle(
     sink: &mut dyn LaneSink,
     cfg: &LaneConfig,
@@ -105,6 +106,7 @@ pub(super) async fn settle(
     parked: &mut Parked,
     batch: Batch,
     err: SinkError,
+    uncounted: &[Position],
 ) -> Result<Settled, SinkError> {
     let mut done = Settled::default();
     // Pieces still to apply, last first; `Some(err)` when the piece is known to fail.
@@ -117,7 +119,7 @@ pub(super) async fn settle(
             Some(e) => e,
             None => match apply(sink, cfg, stats, Work::Batch(&piece), Conflicts::Definite).await {
                 Ok(()) => {
-                    done.applied += piece.changes.len() as u64;
+                    done.applied += counted(&piece.changes, uncounted);
                     done.dead_lettered += piece.dead_letters.len() as u64;
                     continue;
                 }
@@ -218,6 +220,19 @@ fn describe(change: &Change) -> String {
         change.table.qualified_name(),
         key_to_json(&change.key)
     )
+}
+
+/// How many of `changes` count as applied: all but those at `uncounted` (the delete halves
+/// of key moves to another lane, which their other half counts; usually none).
+pub(super) fn counted(changes: &[Arc<Change>], uncounted: &[Position]) -> u64 {
+    let all = changes.len() as u64;
+    if uncounted.is_empty() {
+        return all;
+    }
+    all - changes
+        .iter()
+        .filter(|c| uncounted.contains(&c.position))
+        .count() as u64
 }
 
 /// Counts what a settled batch did into the lane's counters.

@@ -3,20 +3,21 @@
 //! settling rows the sink rejects for good by its `on_error`, `settle.rs`), and report what
 //! became durable to the ack tracker.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::apply::{Conflicts, Work, apply};
-use super::queue::{Empty, LaneReceiver};
-use super::settle::{Parked, Settled, count, settle};
+use super::queue::{Empty, LaneReceiver, QueueDepth, Queued};
+use super::settle::{Parked, Settled, count, counted, settle};
 use super::tracker::Ack;
-use crate::change::{Change, Op};
+use crate::change::{Change, Op, Position};
 use crate::config::OnError;
 use crate::error::ErrorClass;
+use crate::metrics::{BATCH_SIZES, ErrorCounts, Histogram, SECONDS};
 use crate::sink::{Batch, LaneSink, SinkError};
 
 /// How a lane batches and retries.
@@ -36,10 +37,11 @@ pub struct LaneConfig {
     pub on_error: OnError,
 }
 
-/// Counters a lane keeps for the progress report.
-#[derive(Debug, Default)]
+/// What a lane counts, for the progress line and the metrics. Updated once per batch.
+#[derive(Debug)]
 pub struct LaneStats {
-    /// Changes committed in the sink.
+    /// Changes committed in the sink, each source change once (the delete half of a key
+    /// move to another lane does not count; see [`super::plan`]).
     pub applied: AtomicU64,
     /// Changes skipped because the checkpoint already covered them.
     pub skipped: AtomicU64,
@@ -49,6 +51,56 @@ pub struct LaneStats {
     pub dead_lettered: AtomicU64,
     /// Changes the sink rejected and the lane skipped (`on_error: skip`).
     pub skipped_bad: AtomicU64,
+    /// Batches committed.
+    pub batches: AtomicU64,
+    /// Changes per committed batch (dead letters included).
+    pub batch_size: Histogram,
+    /// Seconds from a batch's first attempt to its commit, retries included.
+    pub apply_seconds: Histogram,
+    /// Failed attempts, by class.
+    pub errors: ErrorCounts,
+    /// Whether the lane is up with a working sink connection: set when it starts and by
+    /// every successful write, cleared by a failed attempt and when it ends.
+    pub connected: AtomicBool,
+    /// The lane's queue, once one is made for it.
+    queue: Mutex<Option<QueueDepth>>,
+}
+
+impl Default for LaneStats {
+    fn default() -> Self {
+        LaneStats {
+            applied: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            skipped_bad: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            batch_size: Histogram::new(BATCH_SIZES),
+            apply_seconds: Histogram::new(SECONDS),
+            errors: ErrorCounts::default(),
+            connected: AtomicBool::new(false),
+            queue: Mutex::new(None),
+        }
+    }
+}
+
+impl LaneStats {
+    /// Reports the depth of `queue` from now on (each run of the pipeline makes new queues).
+    pub fn watch_queue(&self, queue: QueueDepth) {
+        *self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(queue);
+    }
+
+    /// Changes waiting in the lane's queue (0 before it has one).
+    pub fn queue_depth(&self) -> usize {
+        self.queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, QueueDepth::get)
+    }
 }
 
 /// Why a lane stopped.
@@ -79,8 +131,10 @@ pub async fn run_lane(
         source,
     };
     let mut batch: Vec<Arc<Change>> = Vec::with_capacity(cfg.batch_size);
+    let mut uncounted: Vec<Position> = Vec::new();
     let mut ack = Ack::default();
     let mut parked = Parked::new(sink.parked());
+    let _up = Up::new(Arc::clone(&stats));
     let mut open = true;
     while open {
         // Wait for the first change of a batch as long as it takes.
@@ -96,9 +150,10 @@ pub async fn run_lane(
             cfg: &cfg,
             stats: &stats,
             parked: &mut parked,
+            uncounted: &mut uncounted,
         };
         loop {
-            if let Some(change) = next.take() {
+            if let Some(Queued { change, counts }) = next.take() {
                 if lane_state
                     .sink
                     .checkpoint()
@@ -117,6 +172,9 @@ pub async fn run_lane(
                     lane_state.commit(&mut batch).await.map_err(&fail)?;
                     lane_state.truncate(&change).await.map_err(&fail)?;
                 } else {
+                    if !counts {
+                        lane_state.uncounted.push(change.position);
+                    }
                     batch.push(change);
                 }
             }
@@ -145,6 +203,22 @@ pub async fn run_lane(
     Ok(())
 }
 
+/// Marks a lane connected while it runs; cleared however it ends (an abort drops it).
+struct Up(Arc<LaneStats>);
+
+impl Up {
+    fn new(stats: Arc<LaneStats>) -> Self {
+        stats.connected.store(true, Ordering::Relaxed);
+        Up(stats)
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        self.0.connected.store(false, Ordering::Relaxed);
+    }
+}
+
 /// What committing needs, borrowed for one batch.
 struct LaneState<'s> {
     sink: &'s mut dyn LaneSink,
@@ -153,6 +227,8 @@ struct LaneState<'s> {
     cfg: &'s LaneConfig,
     stats: &'s LaneStats,
     parked: &'s mut Parked,
+    /// Positions of the changes taken since the last commit that do not count as applied.
+    uncounted: &'s mut Vec<Position>,
 }
 
 impl LaneState<'_> {
@@ -161,6 +237,7 @@ impl LaneState<'_> {
         if batch.is_empty() {
             return Ok(());
         }
+        let started = Instant::now();
         let mut b = Batch::new(self.lane, std::mem::take(batch));
         self.parked.divert(&mut b);
         let positions: Vec<_> = b
@@ -169,6 +246,7 @@ impl LaneState<'_> {
             .chain(b.dead_letters.iter().map(|d| &d.change))
             .map(|c| c.position.lsn)
             .collect();
+        let uncounted = std::mem::take(self.uncounted);
         let done = match apply(
             self.sink,
             self.cfg,
@@ -178,46 +256,41 @@ impl LaneState<'_> {
         )
         .await
         {
-            Ok(()) => Settled {
-                applied: b.changes.len() as u64,
-                dead_lettered: b.dead_letters.len() as u64,
-                ..Settled::default()
-            },
-            Err(e)
-                if e.class == ErrorClass::Definite
-                    && (self.cfg.on_error != OnError::Halt || b.changes.len() > 1) =>
-            {
-                let reuse = Vec::with_capacity(b.changes.len());
-                let done = settle(self.sink, self.cfg, self.stats, self.parked, b, e).await?;
-                *batch = reuse;
-                count(self.stats, &done);
-                positions.iter().for_each(|&lsn| self.ack.add(lsn, 1));
-                return Ok(());
-            }
-            Err(e) if e.class == ErrorClass::Definite => {
-                let mut one = b;
-                let change = one.changes.pop();
-                let e = match change {
-                    Some(c) => {
-                        one.changes.push(c);
-                        return settle(self.sink, self.cfg, self.stats, self.parked, one, e)
-                            .await
-                            .map(|done| {
-                                count(self.stats, &done);
-                                positions.iter().for_each(|&lsn| self.ack.add(lsn, 1));
-                            });
-                    }
-                    None => e,
+            Ok(()) => {
+                let done = Settled {
+                    applied: counted(&b.changes, &uncounted),
+                    dead_lettered: b.dead_letters.len() as u64,
+                    ..Settled::default()
                 };
-                return Err(e);
+                let mut reuse = b.changes;
+                reuse.clear();
+                *batch = reuse;
+                done
+            }
+            // Nothing to blame when it holds no change: the dead letters themselves cannot
+            // be written.
+            Err(e) if e.class == ErrorClass::Definite && !b.changes.is_empty() => {
+                *batch = Vec::with_capacity(b.changes.len());
+                settle(
+                    self.sink,
+                    self.cfg,
+                    self.stats,
+                    self.parked,
+                    b,
+                    e,
+                    &uncounted,
+                )
+                .await?
             }
             Err(e) => return Err(e),
         };
         count(self.stats, &done);
         positions.iter().for_each(|&lsn| self.ack.add(lsn, 1));
-        let mut reuse = b.changes;
-        reuse.clear();
-        *batch = reuse;
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.batch_size.observe(positions.len() as f64);
+        self.stats
+            .apply_seconds
+            .observe(started.elapsed().as_secs_f64());
         Ok(())
     }
 

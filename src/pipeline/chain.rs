@@ -13,10 +13,10 @@ use super::wiring::preflight_source;
 use super::{Ended, PipelineError, RunOptions, cursor, instance, origin, tables};
 use crate::change::Lsn;
 use crate::config::{self, ConnectorKind};
-use crate::lane::{self, LaneError, LaneStats, Router};
+use crate::lane::{self, LaneError, Router};
 use crate::runtime::{Dispatcher, Transformer};
 use crate::sink::SinkConnector;
-use crate::source::{Ledger, SourceError, SourceIo, SourceStats, StopMode, Upstream};
+use crate::source::{Ledger, SourceError, SourceIo, SourceState, StopMode, Upstream};
 
 /// Parcels the source may hand over ahead of the dispatcher.
 const PARCELS_AHEAD: usize = 4;
@@ -27,6 +27,8 @@ pub(super) struct Run<'r> {
     pub(super) options: &'r RunOptions,
     pub(super) plan: &'r Plan,
     pub(super) connectors: &'r [Arc<dyn SinkConnector>],
+    /// Counters that outlive each run.
+    pub(super) metrics: &'r crate::metrics::PipelineMetrics,
 }
 
 fn sink_error(sink: &Arc<dyn SinkConnector>) -> impl Fn(crate::sink::SinkError) -> PipelineError {
@@ -48,18 +50,26 @@ impl Run<'_> {
             options,
             plan,
             connectors,
+            metrics,
         } = *self;
+        let source_stats = Arc::clone(metrics.source());
+        source_stats.set_state(SourceState::Starting);
         let source_name = plan.source.as_str();
         let source_err = |error| PipelineError::Source {
             connector: source_name.to_owned(),
             error: Box::new(error),
         };
         let mut transforms: Vec<Option<Arc<dyn Transformer>>> = Vec::new();
-        for route in &plan.routes {
+        for (r, route) in plan.routes.iter().enumerate() {
             transforms.push(match &route.transform {
                 None => None,
                 Some(spec) => Some(Arc::new(
-                    crate::transform::RouteTransform::start(&route.from, spec).await?,
+                    crate::transform::RouteTransform::start(
+                        &route.from,
+                        spec,
+                        metrics.transform(r),
+                    )
+                    .await?,
                 )),
             });
         }
@@ -109,8 +119,7 @@ impl Run<'_> {
         let (ack_tx, ack_rx) = mpsc::unbounded_channel();
         let mut lanes_set: JoinSet<Result<(), LaneError>> = JoinSet::new();
         let mut routers = Vec::new();
-        let mut lane_stats = Vec::new();
-        for sink in &plan.sinks {
+        for (s, sink) in plan.sinks.iter().enumerate() {
             let mut senders = Vec::new();
             for lane in 0..sink.lanes {
                 let writer = sink
@@ -120,9 +129,9 @@ impl Run<'_> {
                     .map_err(sink_error(&sink.connector))?;
                 tracing::info!(sink = %sink.connector.name(), lane, checkpoint = ?writer.checkpoint().map(|p| p.to_string()), "lane open");
                 let (tx, rx) = lane::queue(sink.queue_capacity);
+                let stats = metrics.lane(s, lane);
+                stats.watch_queue(tx.depth());
                 senders.push(tx);
-                let stats = Arc::new(LaneStats::default());
-                lane_stats.push(stats.clone());
                 lanes_set.spawn(lane::run_lane(
                     lane,
                     writer,
@@ -139,7 +148,6 @@ impl Run<'_> {
 
         let (record, recorder) = tables::recorder(connectors.to_vec());
         let (stop_tx, stop_rx) = watch::channel(StopMode::Run);
-        let source_stats = Arc::new(SourceStats::default());
         let (emitter, events, frontier) =
             crate::source::emitter::channel(PARCELS_AHEAD, resume.map_or(Lsn(0), |p| p.lsn));
         let keeper = no_cursor.then(|| cursor::keep(plan, frontier.subscribe()));
@@ -165,7 +173,7 @@ impl Run<'_> {
         let reporter = tokio::spawn(report_progress(
             pipeline.settings.progress_interval,
             source_stats,
-            lane_stats,
+            metrics.lanes(),
         ));
 
         let mut first_error: Option<PipelineError> = None;

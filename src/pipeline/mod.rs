@@ -145,6 +145,19 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), PipelineError> {
     let plan = Plan::new(&pipeline)?;
+    let metrics = Arc::new(plan.metrics(&pipeline.name));
+    // Listening comes first: an address that cannot be used stops before any database is.
+    let _endpoint = match pipeline.settings.metrics {
+        Some(addr) => Some(
+            crate::metrics::server::MetricsServer::start(addr, Arc::clone(&metrics))
+                .await
+                .map_err(|e| PipelineError::Invalid {
+                    pipeline: pipeline.name.clone(),
+                    message: crate::error::report(&e),
+                })?,
+        ),
+        None => None,
+    };
     let connectors = plan.connectors();
     // The shutdown signal outlives one run of the stage chain.
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -165,6 +178,7 @@ pub async fn run(
             options: &options,
             plan: &plan,
             connectors: &connectors,
+            metrics: &metrics,
         };
         match run.once(&mut claims, shutdown_rx.clone()).await {
             Ok(Ended::Stopped) => break,

@@ -53,6 +53,20 @@ impl Plan {
         })
     }
 
+    /// The pipeline's counters, one set per sink lane and per route transform.
+    pub(super) fn metrics(&self, pipeline: &str) -> crate::metrics::PipelineMetrics {
+        let sinks: Vec<_> = self
+            .sinks
+            .iter()
+            .map(|s| crate::metrics::SinkShape {
+                name: s.connector.name().to_owned(),
+                lanes: s.lanes,
+            })
+            .collect();
+        let transformed: Vec<bool> = self.routes.iter().map(|r| r.transform.is_some()).collect();
+        crate::metrics::PipelineMetrics::new(pipeline, &self.source, &sinks, &transformed)
+    }
+
     /// Every sink connector, in plan order.
     pub(super) fn connectors(&self) -> Vec<Arc<dyn SinkConnector>> {
         self.sinks

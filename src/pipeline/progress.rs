@@ -1,5 +1,6 @@
-//! The progress line every `progress_interval`: throughput, what was applied and received,
-//! lag, the slot's retained WAL, the confirmed position, retries and rows set aside.
+//! The progress line every `progress_interval`: throughput, what was applied (each source
+//! change once per sink) and received, lag, the slot's retained WAL, the confirmed position,
+//! retries and rows set aside.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,15 +15,16 @@ pub(super) async fn report_progress(
     source: Arc<SourceStats>,
     lanes: Vec<Arc<LaneStats>>,
 ) {
-    let mut last_applied = 0u64;
+    let sum = |field: fn(&LaneStats) -> &AtomicU64| -> u64 {
+        lanes.iter().map(|l| field(l).load(Ordering::Relaxed)).sum()
+    };
+    // The counters outlive a run of the stage chain: the rate counts from here.
+    let mut last_applied = sum(|l| &l.applied);
     let mut last = Instant::now();
     let mut ticker = tokio::time::interval(every);
     ticker.tick().await;
     loop {
         ticker.tick().await;
-        let sum = |field: fn(&LaneStats) -> &AtomicU64| -> u64 {
-            lanes.iter().map(|l| field(l).load(Ordering::Relaxed)).sum()
-        };
         let applied = sum(|l| &l.applied);
         let secs = last.elapsed().as_secs_f64().max(1e-3);
         let rate = (applied - last_applied) as f64 / secs;

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::route::RouteStage;
 use crate::change::{Change, Op, now_micros_since_2000};
-use crate::lane::{Ack, AckTracker, Parcel, Router, lane_of, needs_barrier, plan};
+use crate::lane::{Ack, AckTracker, Parcel, Queued, Router, lane_of, needs_barrier, plan};
 use crate::source::emitter::{Event, Frontier};
 use crate::source::{SourceStats, StopMode};
 use crate::transform::TransformError;
@@ -342,17 +342,27 @@ impl Dispatcher {
                 change.clone()
             };
             let Some(copy) = copy else { break };
-            for (lane, part) in plan(copy, self.routers[s].lanes()) {
-                self.queue(s, lane, part).await?;
+            for (lane, part, counts) in plan(copy, self.routers[s].lanes()) {
+                self.queue(s, lane, part, counts).await?;
             }
         }
         Ok(())
     }
 
-    /// Adds a change to a lane's parcel, handing the parcel over once it is full.
-    async fn queue(&mut self, sink: usize, lane: u32, change: Change) -> Result<(), Halt> {
+    /// Adds a change to a lane's parcel, handing the parcel over once it is full; `counts`:
+    /// whether applying it counts as a change applied (see [`plan`]).
+    async fn queue(
+        &mut self,
+        sink: usize,
+        lane: u32,
+        change: Change,
+        counts: bool,
+    ) -> Result<(), Halt> {
         let parcel = &mut self.out[sink][lane as usize];
-        parcel.push(Arc::new(change));
+        parcel.push(Queued {
+            change: Arc::new(change),
+            counts,
+        });
         self.tracker.dispatched(1);
         if parcel.len() >= self.routers[sink].sender(lane).capacity() {
             self.flush(sink, lane).await?;
@@ -375,7 +385,7 @@ impl Dispatcher {
                     self.routers[s].lanes(),
                 )
             };
-            self.queue(s, lane, change.clone()).await?;
+            self.queue(s, lane, change.clone(), true).await?;
         }
         self.wait_idle().await
     }

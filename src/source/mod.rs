@@ -10,7 +10,7 @@
 //! [`Position`]: crate::change::Position
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
 
 use futures_util::future::BoxFuture;
 use tokio::sync::{mpsc, watch};
@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, watch};
 use crate::change::{Position, Table};
 use crate::checkpoint::TableRecord;
 use crate::error::{Cause, Classify, ErrorClass};
+use crate::metrics::ErrorCounts;
 
 pub mod emitter;
 pub mod lifecycle;
@@ -165,18 +166,83 @@ pub struct SourceIo {
     pub resume: Option<Position>,
 }
 
-/// Counters for the progress report.
+/// What a source counts, for the progress line and the metrics.
 #[derive(Debug)]
 pub struct SourceStats {
     /// Changes received from the slot.
     pub received: AtomicU64,
     /// The durable frontier last confirmed upstream.
     pub confirmed: AtomicU64,
+    /// The server's end of WAL as it last said on the replication stream (0: not known, or
+    /// not a PostgreSQL source).
+    pub wal_end: AtomicU64,
     /// Microseconds between the commit of the oldest not-yet-durable transaction and now
     /// (0 when caught up).
     pub lag_micros: AtomicI64,
     /// WAL the source's slot retains, in bytes (-1 when unknown).
     pub retained_bytes: AtomicI64,
+    /// Rows the initial snapshot has loaded into every sink.
+    pub snapshot_rows_copied: AtomicU64,
+    /// Rows the snapshots so far set out to copy, by the server's estimate.
+    pub snapshot_rows_total: AtomicU64,
+    /// Failed attempts: transient ones (the stream reconnects), fatal ones (it stops).
+    pub errors: ErrorCounts,
+    state: AtomicU8,
+}
+
+/// Where a source stands (`/readyz` is ready only while it streams).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceState {
+    /// Not yet reading: preflight, setup, or waiting for the sinks.
+    Starting,
+    /// Copying the initial snapshot (or a table again).
+    Snapshot,
+    /// Reading changes on a live connection.
+    Streaming,
+    /// The connection was lost; reconnecting with backoff.
+    Reconnecting,
+    /// Stopped reading (a graceful stop, or a failure).
+    Stopped,
+}
+
+impl SourceState {
+    const ALL: [SourceState; 5] = [
+        SourceState::Starting,
+        SourceState::Snapshot,
+        SourceState::Streaming,
+        SourceState::Reconnecting,
+        SourceState::Stopped,
+    ];
+
+    /// What it means, for `/readyz`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            SourceState::Starting => "starting (not streaming yet)",
+            SourceState::Snapshot => "copying the initial snapshot",
+            SourceState::Streaming => "streaming",
+            SourceState::Reconnecting => "replication connection lost; reconnecting",
+            SourceState::Stopped => "stopped",
+        }
+    }
+}
+
+impl SourceStats {
+    /// The source is now in `state`.
+    pub fn set_state(&self, state: SourceState) {
+        let n = SourceState::ALL
+            .iter()
+            .position(|s| *s == state)
+            .unwrap_or(0);
+        self.state.store(n as u8, Ordering::Relaxed);
+    }
+
+    /// Where the source stands.
+    pub fn state(&self) -> SourceState {
+        SourceState::ALL
+            .get(usize::from(self.state.load(Ordering::Relaxed)))
+            .copied()
+            .unwrap_or(SourceState::Starting)
+    }
 }
 
 /// What a source found of its cursor upstream at preflight.
@@ -203,8 +269,13 @@ impl Default for SourceStats {
         SourceStats {
             received: AtomicU64::new(0),
             confirmed: AtomicU64::new(0),
+            wal_end: AtomicU64::new(0),
             lag_micros: AtomicI64::new(0),
             retained_bytes: AtomicI64::new(-1),
+            snapshot_rows_copied: AtomicU64::new(0),
+            snapshot_rows_total: AtomicU64::new(0),
+            errors: ErrorCounts::default(),
+            state: AtomicU8::new(0),
         }
     }
 }

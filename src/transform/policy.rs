@@ -21,9 +21,10 @@ use super::output::{Checked, TableCache};
 use super::runner::{Failure, Instance};
 use crate::change::Change;
 use crate::config::{OnError, TransformSpec};
+use crate::metrics::{Histogram, SECONDS};
 
 /// Counters of one route's transform.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TransformStats {
     /// Calls into the component (including single-change retries).
     pub calls: AtomicU64,
@@ -37,6 +38,28 @@ pub struct TransformStats {
     pub dead_lettered: AtomicU64,
     /// Instances thrown away after a trap, timeout or limit breach.
     pub restarts: AtomicU64,
+    /// Changes the transform failed on, whatever `on_error` then did with them.
+    pub failed: AtomicU64,
+    /// Changes that produced no output (filtered out, or failed and set aside).
+    pub dropped: AtomicU64,
+    /// Seconds per batch, single-change retries included.
+    pub seconds: Histogram,
+}
+
+impl Default for TransformStats {
+    fn default() -> Self {
+        TransformStats {
+            calls: AtomicU64::new(0),
+            changes_in: AtomicU64::new(0),
+            changes_out: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            seconds: Histogram::new(SECONDS),
+        }
+    }
 }
 
 /// A route's transform, synchronous: [`super::RouteTransform`] runs one on its own thread;
@@ -106,6 +129,12 @@ impl Transformer {
         self.stats.clone()
     }
 
+    /// Counts into `stats` from now on (counters that outlive this instance).
+    pub fn counting_into(mut self, stats: Arc<TransformStats>) -> Self {
+        self.stats = stats;
+        self
+    }
+
     /// Transforms `changes` (in commit order, distinct positions). Returns what the lanes
     /// should receive as `(input index, change)` in input order; fanned-out changes carry
     /// `position.sub` 0, 1, 2…. Failed changes have been skipped or dead-lettered (durably)
@@ -115,6 +144,7 @@ impl Transformer {
         changes: Vec<Change>,
     ) -> Result<Vec<(usize, Change)>, TransformError> {
         self.release();
+        let started = std::time::Instant::now();
         let n = changes.len();
         self.stats.changes_in.fetch_add(n as u64, Ordering::Relaxed);
         let input = InputBatch::new(changes);
@@ -139,6 +169,19 @@ impl Transformer {
         self.stats
             .changes_out
             .fetch_add(outputs.len() as u64, Ordering::Relaxed);
+        // Outputs come in input order: count the inputs that produced any.
+        let mut produced = 0u64;
+        let mut last = None;
+        for (i, _) in &outputs {
+            if last != Some(*i) {
+                produced += 1;
+                last = Some(*i);
+            }
+        }
+        self.stats
+            .dropped
+            .fetch_add((n as u64).saturating_sub(produced), Ordering::Relaxed);
+        self.stats.seconds.observe(started.elapsed().as_secs_f64());
         self.spent = Some(input);
         Ok(outputs)
     }
@@ -199,6 +242,7 @@ impl Transformer {
     /// Applies the policy to input change `i`.
     fn fail(&mut self, input: &InputBatch, i: usize, reason: &str) -> Result<(), TransformError> {
         let change = input.change(i);
+        self.stats.failed.fetch_add(1, Ordering::Relaxed);
         let (route, module) = (&self.route, &*self.module.name);
         let (position, table, op) = (
             change.position,

@@ -38,10 +38,12 @@ impl std::fmt::Debug for RouteTransform {
 }
 
 impl RouteTransform {
-    /// Loads the module and starts an instance (running `init`) on a new thread.
+    /// Loads the module and starts an instance (running `init`) on a new thread, counting
+    /// into `stats`.
     pub async fn start(
         route: &str,
         spec: &TransformSpec,
+        stats: Arc<TransformStats>,
     ) -> Result<RouteTransform, TransformError> {
         let (ready_tx, ready_rx) = oneshot::channel();
         let (jobs, rx) = mpsc::channel::<(Vec<Change>, Reply)>();
@@ -50,7 +52,7 @@ impl RouteTransform {
             .name(format!("zipline-transform-{route}"))
             .spawn(move || {
                 let mut t = match Transformer::new(&route_owned, &spec_owned) {
-                    Ok(t) => t,
+                    Ok(t) => t.counting_into(stats),
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                         return;

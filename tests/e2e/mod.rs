@@ -330,6 +330,8 @@ impl Zipline {
         }
         let level = std::env::var("ZIPLINE_E2E_LOG").unwrap_or_else(|_| "info".to_owned());
         cmd.env("ZIPLINE_LOG", level);
+        // The tests read the log as text (a piped stderr would get JSON lines).
+        cmd.env("ZIPLINE_LOG_FORMAT", "text");
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -6,8 +6,9 @@
 //!   swaps, SIGTERM and SIGKILL restarts, sink connection faults and crashes).
 //! - Each sink's own: `bad_inputs_*` (what a bad configuration or server says),
 //!   `postgres_sink` (the type zoo, the initial snapshot's COPY).
-//! - Source-side and cross-cutting: `large_tx`, `schema`, `snapshot`, `source_faults`,
-//!   `types`; `harness`: the test servers and proxy themselves.
+//! - Source-side and cross-cutting: `large_tx`, `metrics` (`settings.metrics`: /metrics,
+//!   /readyz, /healthz), `schema`, `snapshot`, `source_faults`, `types`; `harness`: the test
+//!   servers and proxy themselves.
 
 #[path = "../common/mod.rs"]
 pub mod common;
@@ -20,6 +21,7 @@ mod contract;
 mod harness;
 mod large_tx;
 mod lifecycle;
+mod metrics;
 mod postgres_sink;
 mod schema;
 mod snapshot;

@@ -410,7 +410,8 @@ impl Running {
             let c = tokio::time::timeout(Duration::from_secs(20), self.lane.recv())
                 .await
                 .expect("a change within 20 s")
-                .expect("the source is running");
+                .expect("the source is running")
+                .change;
             ack.add(c.position.lsn, 1);
             out.push(c);
         }
@@ -456,7 +457,7 @@ impl Running {
         let lane = tokio::spawn(async move {
             let mut ack = Ack::default();
             while let Some(c) = lane.recv().await {
-                ack.add(c.position.lsn, 1);
+                ack.add(c.change.position.lsn, 1);
             }
             let _ = acks.send(ack);
         });
@@ -832,7 +833,7 @@ async fn a_route_transform_runs_on_sql_server_changes() {
         batch_size: 100,
         row_filter: false,
     };
-    let transform = zipline::transform::RouteTransform::start("mssql", &spec)
+    let transform = zipline::transform::RouteTransform::start("mssql", &spec, Default::default())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let mock = Mock::start(0x10).await;

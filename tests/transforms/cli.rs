@@ -47,6 +47,7 @@ fn validate(dir: &Path, transform: &str) -> (i32, String) {
         .args(["pipeline", "validate", "-f"])
         .arg(&file)
         .env("ZIPLINE_LOG", "warn")
+        .env("ZIPLINE_LOG_FORMAT", "text")
         .output()
         .unwrap();
     let text = format!(
@@ -167,6 +168,7 @@ fn transform_test_prints_outputs_and_keeps_guest_stdout_out_of_them() {
             .arg("--input")
             .arg(&input)
             .args(extra)
+            .env("ZIPLINE_LOG_FORMAT", "text")
             .output()
             .unwrap();
         (
@@ -253,7 +255,7 @@ fn every_help_has_examples_exit_codes_and_environment_and_its_examples_run() {
         .trim_end_matches("transform:")
         .trim_end();
     let bad = format!("{good}\n    lanes: many\n");
-    let commands: [(&[&str], bool); 8] = [
+    let commands: [(&[&str], bool); 9] = [
         (&[], true),
         (&["pipeline", "validate"], true),
         (&["transform", "test"], true),
@@ -262,6 +264,7 @@ fn every_help_has_examples_exit_codes_and_environment_and_its_examples_run() {
         (&["pipeline", "drop"], false),
         (&["dlq", "list"], false),
         (&["dlq", "replay"], false),
+        (&["completions"], true),
     ];
     let bin_dir = bin().parent().unwrap().to_owned();
     let path = format!(
@@ -320,6 +323,7 @@ fn every_help_has_examples_exit_codes_and_environment_and_its_examples_run() {
                 .current_dir(dir.path())
                 .env("PATH", &path)
                 .env("ZIPLINE_LOG", "warn")
+                .env("ZIPLINE_LOG_FORMAT", "text")
                 .env("ZIPLINE_TRANSFORM_CACHE", "off")
                 .output()
                 .unwrap();
@@ -347,4 +351,104 @@ fn every_help_has_examples_exit_codes_and_environment_and_its_examples_run() {
         }
     }
     assert!(ran >= 10, "{ran} examples ran");
+}
+
+/// `zipline completions SHELL` prints a script that completes the subcommands; an unknown
+/// shell is a usage error.
+#[test]
+fn completions_know_the_subcommands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(bin())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{shell}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let script = String::from_utf8(out.stdout).unwrap();
+        for word in ["pipeline", "apply", "dlq", "log-format"] {
+            assert!(script.contains(word), "{shell} lacks {word}:\n{script}");
+        }
+    }
+    let bash = Command::new(bin())
+        .args(["completions", "bash"])
+        .output()
+        .unwrap();
+    let script = String::from_utf8(bash.stdout).unwrap();
+    assert!(script.contains("complete -F _zipline"), "{script}");
+    let out = Command::new(bin())
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// `--log-format json` (or ZIPLINE_LOG_FORMAT=json) writes one JSON object per log line with
+/// the structured fields at the top level; a bad ZIPLINE_LOG_FORMAT is a usage error.
+#[test]
+fn log_format_json_writes_one_object_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(guest("wasi-probe"), dir.path().join("probe.wasm")).unwrap();
+    let input = dir.path().join("changes.jsonl");
+    std::fs::write(
+        &input,
+        r#"{"table":"public.users","op":"insert","columns":[{"name":"id","type":"int8","key":true}],"key":[7],"values":[7]}"#,
+    )
+    .unwrap();
+    let probe = |format: Option<&str>, env: Option<&str>| {
+        let mut cmd = Command::new(bin());
+        cmd.args(["transform", "test", "--module"])
+            .arg(dir.path().join("probe.wasm"))
+            .arg("--input")
+            .arg(&input)
+            .env("ZIPLINE_TRANSFORM_CACHE", "off")
+            .env_remove("ZIPLINE_LOG_FORMAT");
+        if let Some(format) = format {
+            cmd.args(["--log-format", format]);
+        }
+        if let Some(env) = env {
+            cmd.env("ZIPLINE_LOG_FORMAT", env);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // Piped stderr and nothing said: JSON; the flag wins over the environment.
+    for (format, env) in [
+        (None, None),
+        (Some("json"), Some("text")),
+        (None, Some("JSON")),
+    ] {
+        let (code, stderr) = probe(format, env);
+        assert_eq!(code, Some(0), "{stderr}");
+        let logs: Vec<serde_json::Value> = stderr
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        // What the guest printed, logged with the route and module as fields.
+        let guest = logs
+            .iter()
+            .find(|l| {
+                l["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("guest: wasi-probe"))
+            })
+            .unwrap_or_else(|| panic!("no guest line as a JSON object in:\n{stderr}"));
+        assert_eq!(guest["route"], "test", "fields at the top level: {guest}");
+        assert!(guest["module"].is_string(), "{guest}");
+        assert!(guest["level"].is_string(), "{guest}");
+        assert!(guest["timestamp"].is_string(), "{guest}");
+    }
+    let (code, stderr) = probe(Some("text"), Some("json"));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("guest: wasi-probe"), "{stderr}");
+    assert!(!stderr.lines().any(|l| l.starts_with('{')), "{stderr}");
+    let (code, stderr) = probe(None, Some("xml"));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("ZIPLINE_LOG_FORMAT=\"xml\""), "{stderr}");
 }

@@ -24,7 +24,7 @@ pub use lifecycle::{drop_owned, status};
 use crate::change::{Lsn, Table};
 use crate::config;
 use crate::source::snapshot::SnapshotWriter;
-use crate::source::{Source, SourceError, SourceIo, SourceStats, StopMode};
+use crate::source::{Source, SourceError, SourceIo, SourceState, SourceStats, StopMode};
 use futures_util::future::BoxFuture;
 
 /// How the initial snapshot runs (`snapshot: initial`); see the `snapshot` module.
@@ -329,6 +329,7 @@ impl Source for PostgresSource {
                 params: &params,
                 tables: &self.tables,
                 lsn: self.slot_lsn,
+                stats: None,
             };
             let (_keep, mut stop) = tokio::sync::watch::channel(StopMode::Run);
             snapshot::recopy(cx, setup, &tables, &mut stop).await?;
@@ -352,8 +353,21 @@ impl Source for PostgresSource {
                     params: &params,
                     tables: &this.tables,
                     lsn: this.slot_lsn,
+                    stats: Some(&stats),
                 };
-                let outcome = snapshot::run(cx, setup, this.exported.take(), &mut stop).await?;
+                stats.set_state(SourceState::Snapshot);
+                let outcome = snapshot::run(cx, setup, this.exported.take(), &mut stop).await;
+                let outcome = match outcome {
+                    Ok(outcome) => outcome,
+                    Err(e) => {
+                        stats.errors.count(e.class);
+                        stats.set_state(SourceState::Stopped);
+                        return Err(e);
+                    }
+                };
+                if let snapshot::Outcome::Stopped = outcome {
+                    stats.set_state(SourceState::Stopped);
+                }
                 match outcome {
                     snapshot::Outcome::Stopped => return Ok(()),
                     // The copy is durable in every sink: each table is recorded as copied
@@ -413,8 +427,13 @@ impl Source for PostgresSource {
                 events,
                 slot_lsn: this.slot_lsn,
             };
-            let result = replication::run(&this.opts, params, start, io, stop, stats).await;
+            let result =
+                replication::run(&this.opts, params, start, io, stop, Arc::clone(&stats)).await;
             monitor.abort();
+            if let Err(e) = &result {
+                stats.errors.count(e.class);
+            }
+            stats.set_state(SourceState::Stopped);
             result
         })
     }

@@ -31,7 +31,7 @@ use crate::config;
 use crate::error::{Cause, ErrorClass};
 use crate::retry::{Backoff, Budget};
 use crate::source::emitter::{Emitter, Event, Frontier};
-use crate::source::{SourceError, SourceIo, SourceStats, StopMode};
+use crate::source::{SourceError, SourceIo, SourceState, SourceStats, StopMode};
 
 mod feedback;
 pub(crate) mod tables;
@@ -181,6 +181,8 @@ pub(crate) async fn run(
             Err(e) if e.class == ErrorClass::Transient => e,
             Err(e) => return Err(e),
         };
+        st.stats.errors.count(ErrorClass::Transient);
+        st.stats.set_state(SourceState::Reconnecting);
         if st.received > before {
             backoff.reset();
         }
@@ -291,6 +293,7 @@ async fn session(
         .await
         .map_err(|e| conn_error(opts, e))?;
     tracing::info!(connector = %opts.name, slot = %opts.slot_name, from = %start, "streaming");
+    st.stats.set_state(SourceState::Streaming);
     st.last_heard = Instant::now();
     loop {
         let full = st.emitter.is_full();

@@ -151,6 +151,8 @@ pub(crate) struct Context<'a> {
     pub(crate) tables: &'a [Arc<Table>],
     /// Stamped on snapshot changes (see the module docs).
     pub(crate) lsn: Lsn,
+    /// Where rows copied are counted, for the metrics.
+    pub(crate) stats: Option<&'a Arc<crate::source::SourceStats>>,
 }
 
 /// Takes or resumes the snapshot (see the module docs); `Continue` when there is none to
@@ -235,7 +237,7 @@ pub(crate) async fn run(
         let scaled = (estimate * todo).checked_div(total).unwrap_or(0);
         tables_progress.push(TableProgress::new(name, scaled, todo as u32));
     }
-    let progress = Arc::new(Progress::new(tables_progress));
+    let progress = Arc::new(Progress::new(tables_progress).counting_into(cx.stats.cloned()));
     let jobs: Vec<Job> = work
         .todo
         .into_iter()
@@ -332,7 +334,7 @@ pub(crate) async fn recopy(
             chunk,
         })
         .collect();
-    let progress = Arc::new(Progress::new(progress));
+    let progress = Arc::new(Progress::new(progress).counting_into(cx.stats.cloned()));
     tracing::info!(connector = %connector, tables = ?tables.iter().map(|t| t.qualified_name()).collect::<Vec<_>>(), chunks = jobs.len(), "copying tables again from a new snapshot");
     let engine = Engine {
         connector: connector.clone(),

@@ -33,7 +33,7 @@ use crate::config::{self, SqlServerSnapshot};
 use crate::error::ErrorClass;
 use crate::retry::{Backoff, Budget};
 use crate::source::emitter::{Emitter, Event};
-use crate::source::{SourceError, SourceIo, SourceStats, StopMode};
+use crate::source::{SourceError, SourceIo, SourceState, SourceStats, StopMode};
 
 /// Reconnect attempts in a row before a lost connection becomes fatal (≈5 minutes).
 const MAX_RECONNECTS: u32 = 60;
@@ -93,11 +93,20 @@ pub(super) async fn run(
     loop {
         let before = (st.stats.received.load(Ordering::Relaxed), st.lo);
         let err = match session(&mut st).await {
-            Ok(Flow::Stop) => return on_stop(&mut st).await,
+            Ok(Flow::Stop) => {
+                st.stats.set_state(SourceState::Stopped);
+                return on_stop(&mut st).await;
+            }
             Ok(Flow::Continue) => continue,
             Err(e) if e.class == ErrorClass::Transient => e,
-            Err(e) => return Err(e),
+            Err(e) => {
+                st.stats.errors.count(e.class);
+                st.stats.set_state(SourceState::Stopped);
+                return Err(e);
+            }
         };
+        st.stats.errors.count(ErrorClass::Transient);
+        st.stats.set_state(SourceState::Reconnecting);
         // A session that got anywhere (changes, or an idle window) resets the count.
         if (st.stats.received.load(Ordering::Relaxed), st.lo) != before {
             backoff.reset();
@@ -151,12 +160,14 @@ async fn session(st: &mut State<'_>) -> Result<Flow, SourceError> {
         decide(st, &mut conn, start).await?;
     }
     if let Phase::Snapshot { after } = st.phase {
+        st.stats.set_state(SourceState::Snapshot);
         if snapshot::run(st, &mut conn, after).await? == Flow::Stop {
             return Ok(Flow::Stop);
         }
         st.phase = Phase::Stream;
     }
     tracing::info!(connector = %st.opts.name, after = %lsn::literal(st.lo), "streaming changes");
+    st.stats.set_state(SourceState::Streaming);
     let mut full = true;
     loop {
         let flow = if full {

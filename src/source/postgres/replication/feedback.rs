@@ -173,5 +173,8 @@ pub(super) async fn report(
     st.stats
         .confirmed
         .store(frontier.as_pg(), Ordering::Relaxed);
+    st.stats
+        .wal_end
+        .store(st.received.max(frontier).as_pg(), Ordering::Relaxed);
     Box::pin(super::tables::on_frontier(st, frontier)).await
 }

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::source::SourceStats;
+
 /// How often the terminal line is redrawn.
 const REDRAW_EVERY: Duration = Duration::from_millis(500);
 /// Width of the terminal bar, in characters.
@@ -60,6 +62,8 @@ impl TableProgress {
 pub(crate) struct Progress {
     pub(crate) tables: Vec<TableProgress>,
     started: Instant,
+    /// The source's counters, which add up every snapshot's rows for the metrics.
+    stats: Option<Arc<SourceStats>>,
 }
 
 impl Progress {
@@ -67,7 +71,20 @@ impl Progress {
         Progress {
             tables,
             started: Instant::now(),
+            stats: None,
         }
+    }
+
+    /// Also counts rows (the estimate now, rows copied as chunks load) into `stats`.
+    pub(crate) fn counting_into(mut self, stats: Option<Arc<SourceStats>>) -> Self {
+        if let Some(stats) = &stats {
+            let estimate = self.tables.iter().map(|t| t.estimate).sum();
+            stats
+                .snapshot_rows_total
+                .fetch_add(estimate, Ordering::Relaxed);
+        }
+        self.stats = stats;
+        self
     }
 
     /// A worker starts copying a chunk of table `t`.
@@ -84,6 +101,11 @@ impl Progress {
     pub(crate) fn chunk_done(&self, t: usize, rows: u64) -> bool {
         let table = &self.tables[t];
         table.rows.fetch_add(rows, Ordering::Relaxed);
+        if let Some(stats) = &self.stats {
+            stats
+                .snapshot_rows_copied
+                .fetch_add(rows, Ordering::Relaxed);
+        }
         table.chunks_done.fetch_add(1, Ordering::Relaxed) + 1 == table.chunks
     }
 
