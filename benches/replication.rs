@@ -122,14 +122,40 @@ async fn main() {
     pg.create_database("bench");
     pg.psql("bench", "CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, price numeric(12,2) NOT NULL, updated_at timestamptz NOT NULL)");
     pg.psql("bench", "CREATE PUBLICATION zbench FOR TABLE items");
-    pg.psql(
-        "bench",
-        "SELECT pg_create_logical_replication_slot('zbench', 'pgoutput')",
-    );
     for db in ["raw", "zl"] {
         my.create_database(db);
         my.sql(db, MYSQL_TABLE);
     }
+
+    // Zipline creates its slot and records in the sink that the pipeline starts there
+    // (`snapshot: never`), then stops; the backlog is written while no replicator runs, as
+    // after an outage.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = dir.path().join("bench.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "name: bench\nsettings: {{ progress_interval: 5s }}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: zbench\n    tables: [public.items]\n    snapshot: never\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\n    lanes: {lanes}\n    batch_size: {batch}\nroutes:\n  - from: pg\n    to: [my]\n",
+            pg.port, my.port
+        ),
+    )
+    .expect("write yaml");
+    let mut child = spawn_zipline(&yaml, &dir.path().join("prime.log"));
+    let primed = Instant::now();
+    while pg.psql(
+        "bench",
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'zbench' AND active",
+    ) != "1"
+    {
+        assert!(
+            primed.elapsed().as_secs() < 60 && child.try_wait().expect("zipline").is_none(),
+            "zipline did not start streaming: {}",
+            std::fs::read_to_string(dir.path().join("prime.log")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let primed = stop_zipline(child);
+    assert!(primed.success(), "priming run exited {primed}");
 
     let (txs, ops) = generate(changes);
     let total = ops.len() as u64;
@@ -180,16 +206,6 @@ async fn main() {
     let raw_cpu = cpu_since(&cpu, &pg, &my);
 
     // Zipline.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = dir.path().join("bench.yaml");
-    std::fs::write(
-        &yaml,
-        format!(
-            "name: bench\nsettings: {{ progress_interval: 5s }}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: zbench\n    tables: [public.items]\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\n    lanes: {lanes}\n    batch_size: {batch}\nroutes:\n  - from: pg\n    to: [my]\n",
-            pg.port, my.port
-        ),
-    )
-    .expect("write yaml");
     let log = dir.path().join("zipline.log");
     let cpu = cpu_now(&pg, &my);
     let started = Instant::now();
