@@ -234,9 +234,10 @@ async fn main() {
     );
     println!("ratio zipline/raw   : {:.2}", zl_rate / raw_rate);
     println!(
-        "zipline peak RSS    : {:.1} MiB, CPU {:.2}s, exit {status}",
+        "zipline peak RSS    : {:.1} MiB, CPU {:.2}s = {:.2} CPU-µs per change, exit {status}",
         peak.0 as f64 / 1024.0,
-        peak.1
+        peak.1,
+        peak.1 * 1e6 / total as f64
     );
     println!("sink equal to raw   : {}", raw_sum == zl_sum);
     assert_eq!(
