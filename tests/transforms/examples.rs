@@ -170,6 +170,11 @@ fn rust_mask_on_the_sdk_masks_columns_keys_and_old_keys_and_drops_tables() {
 }
 
 #[test]
+fn rust_filter_on_the_sdk_drops_rows_and_turns_updates_leaving_them_into_deletes() {
+    check("rust-filter");
+}
+
+#[test]
 fn c_drop_hash_drops_tables_and_hashes_columns() {
     check("c-drop-hash");
 }

@@ -7,6 +7,9 @@
 //! - the same under a randomized concurrent workload (key changes and TOASTed values
 //!   included) with Zipline SIGKILLed twice mid-stream: the sink converges to the masked
 //!   source, nothing lost or doubled;
+//! - the SDK's row filter (`guest-examples/rust-filter`) under the same random workload and
+//!   kills, rows moving into and out of the predicate: the sink equals the source's rows
+//!   where the predicate holds;
 //! - a guest that refuses one change, under `on_error: dead_letter`: that change is in the
 //!   dead-letter file and nowhere else, everything else arrives, the pipeline keeps running;
 //! - a guest that traps on one change, under the default `on_error: halt`: the pipeline stops
@@ -47,6 +50,23 @@ fn pipeline(transform: &str) -> String {
         "{}    transform:\n{transform}",
         pipeline_yaml(&PipelineOpts::default())
     )
+}
+
+/// Writes the pipeline with a transform of `module` (`rest`: the spec's other lines), starts
+/// it and waits until it streams; returns a source client and the running instance.
+async fn streaming_through(
+    fx: &mut Fixture,
+    module: &std::path::Path,
+    rest: &str,
+) -> (tokio_postgres::Client, e2e::Zipline) {
+    fx.write_pipeline(&pipeline(&format!(
+        "      module: {}\n{rest}",
+        module.display()
+    )));
+    let pg = fx.pg_client().await;
+    let mut z = fx.apply();
+    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
+    (pg, z)
 }
 
 /// rust-mask's masking, for the expected rows.
@@ -93,13 +113,12 @@ async fn rust_guest_masks_a_column_and_drops_a_table() {
     let mut fx = Fixture::start();
     fx.pg.psql(PG_DB, AUDIT_PG);
     fx.my.sql(MY_DB, AUDIT_MY);
-    fx.write_pipeline(&pipeline(&format!(
-        "      module: {}\n      config: {{ columns: customer, drop: audit_log }}\n      limits: {{ memory: 64MiB, timeout: 200ms }}\n      on_error: dead_letter\n",
-        guest("rust-mask").display()
-    )));
-    let pg = fx.pg_client().await;
-    let mut z = fx.apply();
-    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
+    let (pg, mut z) = streaming_through(
+        &mut fx,
+        &guest("rust-mask"),
+        "      config: { columns: customer, drop: audit_log }\n      limits: { memory: 64MiB, timeout: 200ms }\n      on_error: dead_letter\n",
+    )
+    .await;
 
     // Small transactions (one statement each) and large ones, with the dropped table mixed in.
     for i in 1..=60i64 {
@@ -183,13 +202,12 @@ async fn rust_guest_masks_a_column_and_drops_a_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_change_is_dead_lettered_and_the_rest_arrives() {
     let mut fx = Fixture::start();
-    fx.write_pipeline(&pipeline(&format!(
-        "      module: {}\n      config: {{ mode: reject, key: \"13\" }}\n      on_error: dead_letter\n",
-        guest("hostile").display()
-    )));
-    let pg = fx.pg_client().await;
-    let mut z = fx.apply();
-    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
+    let (pg, mut z) = streaming_through(
+        &mut fx,
+        &guest("hostile"),
+        "      config: { mode: reject, key: \"13\" }\n      on_error: dead_letter\n",
+    )
+    .await;
     pg.batch_execute(
         "INSERT INTO orders (id, customer, status) SELECT g, 'c' || g, 'new' FROM generate_series(1, 20) g;
          UPDATE orders SET status = 'paid' WHERE id > 10;",
@@ -271,13 +289,12 @@ async fn a_row_filter_needs_whole_rows_and_says_so_before_creating_anything() {
 async fn trapping_guest_halts_the_pipeline_naming_route_module_and_change() {
     let mut fx = Fixture::start();
     let module = guest("hostile");
-    fx.write_pipeline(&pipeline(&format!(
-        "      module: {}\n      config: {{ mode: trap, key: \"7\" }}\n",
-        module.display()
-    )));
-    let pg = fx.pg_client().await;
-    let mut z = fx.apply();
-    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
+    let (pg, mut z) = streaming_through(
+        &mut fx,
+        &module,
+        "      config: { mode: trap, key: \"7\" }\n",
+    )
+    .await;
     pg.batch_execute("INSERT INTO orders (id, customer) VALUES (1, 'a'), (2, 'b')")
         .await
         .unwrap();
@@ -313,24 +330,21 @@ async fn trapping_guest_halts_the_pipeline_naming_route_module_and_change() {
     assert!(ids.starts_with(&[1, 2]) && !ids.contains(&7), "{ids:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn masked_random_workload_survives_kills_and_converges() {
-    let mut fx = Fixture::start();
-    fx.write_pipeline(&pipeline(&format!(
-        "      module: {}\n      config: {{ columns: customer }}\n",
-        guest("rust-mask").display()
-    )));
-    let pg = fx.pg_client().await;
-    let mut z = fx.apply();
-    wait_streaming(&pg, &mut z, Duration::from_secs(30)).await;
-
+/// A random concurrent workload (key changes, status changes and TOASTed notes included)
+/// with Zipline SIGKILLed twice mid-stream and started again; returns the live instance and
+/// how many changes the workload made once it has stopped, and the killed instances (whose
+/// logs a failing test prints when they drop).
+async fn random_workload_with_two_kills(
+    fx: &mut Fixture,
+    z: e2e::Zipline,
+) -> (e2e::Zipline, u64, Vec<e2e::Zipline>) {
     let seed = workload::seed();
     let mut cfg = Config::new(seed, u64::MAX);
     cfg.pause = Duration::from_millis(15);
     cfg.toast_pct = 10;
     let w = workload::start(fx.pg.conn_str(PG_DB), cfg);
     let mut rng = StdRng::seed_from_u64(seed ^ 0x7a7a);
-    let mut killed = Vec::new();
+    let (mut z, mut killed) = (z, Vec::new());
     for round in 1..=2 {
         tokio::time::sleep(Duration::from_millis(rng.random_range(1_500..3_000))).await;
         z.assert_running();
@@ -342,6 +356,19 @@ async fn masked_random_workload_survives_kills_and_converges() {
     w.stop();
     let report = w.join().await;
     assert!(report.changes >= 2_000, "only {} changes", report.changes);
+    (z, report.changes, killed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masked_random_workload_survives_kills_and_converges() {
+    let mut fx = Fixture::start();
+    let (_pg, z) = streaming_through(
+        &mut fx,
+        &guest("rust-mask"),
+        "      config: { columns: customer }\n",
+    )
+    .await;
+    let (mut z, changes, _killed) = random_workload_with_two_kills(&mut fx, z).await;
     let masked = |rows: Rows| -> Rows {
         rows.into_iter()
             .map(|mut r| {
@@ -351,13 +378,60 @@ async fn masked_random_workload_survives_kills_and_converges() {
             .collect()
     };
     let rows = wait_sink_equals(&fx, &mut z, masked, Duration::from_secs(120)).await;
+    eprintln!("e2e: {} rows converged after {changes} changes", rows.len());
+    z.terminate_cleanly(Duration::from_secs(20));
+}
+
+/// The SDK's `filter` (guest-examples/rust-filter) drops orders whose status is `cancelled`,
+/// while the random workload moves rows into and out of that status (also with key changes,
+/// and with TOASTed notes the status updates leave untouched) and Zipline is SIGKILLed twice:
+/// the sink must equal `SELECT … WHERE status IS DISTINCT FROM 'cancelled'` on the source.
+/// Rows that left the predicate were deleted; rows that entered it arrived whole, their
+/// unchanged TOASTed note filled from the old row (REPLICA IDENTITY FULL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filtered_replica_equals_the_source_where_the_predicate_holds_through_kills() {
+    let mut fx = Fixture::start();
+    fx.pg
+        .psql(PG_DB, "ALTER TABLE orders REPLICA IDENTITY FULL");
+    let (pg, z) = streaming_through(
+        &mut fx,
+        &guest("rust-filter"),
+        "      config: { column: status, value: cancelled }\n      row_filter: true\n",
+    )
+    .await;
+    // One row for sure enters the predicate by an update that leaves its TOASTed note
+    // untouched: the sink never had it, so the note must come from the old row.
+    pg.batch_execute(
+        "INSERT INTO orders (id, customer, status, note) VALUES (-1, 'toast', 'cancelled', \
+         (SELECT string_agg(md5(g::text), '') FROM generate_series(1, 300) g));
+         UPDATE orders SET status = 'paid' WHERE id = -1;",
+    )
+    .await
+    .unwrap();
+    let (mut z, changes, _killed) = random_workload_with_two_kills(&mut fx, z).await;
+    let (all, cancelled) = {
+        let rows = pg_rows(&pg).await;
+        let n = rows
+            .iter()
+            .filter(|r| r[3].as_deref() == Some("cancelled"))
+            .count();
+        (rows.len(), n)
+    };
+    assert!(
+        cancelled > 0 && cancelled < all,
+        "{cancelled} of {all} rows cancelled"
+    );
+    let kept = |rows: Rows| -> Rows {
+        rows.into_iter()
+            .filter(|r| r[3].as_deref() != Some("cancelled"))
+            .collect()
+    };
+    let rows = wait_sink_equals(&fx, &mut z, kept, Duration::from_secs(120)).await;
     eprintln!(
-        "e2e: {} rows converged after {} changes",
-        rows.len(),
-        report.changes
+        "e2e: {} of {all} rows ({cancelled} cancelled filtered out) converged after {changes} changes",
+        rows.len()
     );
     z.terminate_cleanly(Duration::from_secs(20));
-    drop(killed);
 }
 
 const CUSTOMERS: &str = "CREATE TABLE customers (id bigint PRIMARY KEY, name text, city text)";
