@@ -23,7 +23,9 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use common_backlog::{Op, env_or, generate, spawn_zipline, stop_zipline, tree_cpu, wait_confirmed};
+use common_backlog::{
+    Op, env_or, generate, prime, spawn_zipline, stop_zipline, tree_cpu, wait_confirmed,
+};
 
 use mysql_async::prelude::Queryable;
 
@@ -103,13 +105,19 @@ fn cpu_now(pg: &common::Postgres, my: &common::MariaDb) -> Cpu {
     }
 }
 
-fn cpu_since(before: &Cpu, pg: &common::Postgres, my: &common::MariaDb) -> String {
+/// CPU seconds each server spent since `before`.
+fn cpu_since(before: &Cpu, pg: &common::Postgres, my: &common::MariaDb) -> Cpu {
     let now = cpu_now(pg, my);
-    format!(
-        "PostgreSQL {:.2}s, MariaDB {:.2}s",
-        now.pg - before.pg,
-        now.my - before.my
-    )
+    Cpu {
+        pg: now.pg - before.pg,
+        my: now.my - before.my,
+    }
+}
+
+impl std::fmt::Display for Cpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PostgreSQL {:.2}s, MariaDB {:.2}s", self.pg, self.my)
+    }
 }
 
 #[tokio::main]
@@ -140,22 +148,7 @@ async fn main() {
         ),
     )
     .expect("write yaml");
-    let mut child = spawn_zipline(&yaml, &dir.path().join("prime.log"));
-    let primed = Instant::now();
-    while pg.psql(
-        "bench",
-        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'zbench' AND active",
-    ) != "1"
-    {
-        assert!(
-            primed.elapsed().as_secs() < 60 && child.try_wait().expect("zipline").is_none(),
-            "zipline did not start streaming: {}",
-            std::fs::read_to_string(dir.path().join("prime.log")).unwrap_or_default()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let primed = stop_zipline(child);
-    assert!(primed.success(), "priming run exited {primed}");
+    prime(&pg, "bench", "zbench", &yaml, &dir.path().join("prime.log"));
 
     let (txs, ops) = generate(changes);
     let total = ops.len() as u64;
@@ -238,6 +231,16 @@ async fn main() {
         peak.0 as f64 / 1024.0,
         peak.1,
         peak.1 * 1e6 / total as f64
+    );
+    // PostgreSQL's CPU during Zipline's run is its walsender decoding the backlog (the
+    // backends are idle); MariaDB's is the target applying Zipline's batches.
+    let per = |secs: f64| secs * 1e6 / total as f64;
+    println!(
+        "CPU µs per change   : zipline {:.2}, walsender (PostgreSQL) {:.2}, target (MariaDB) {:.2}; raw baseline's target {:.2}",
+        per(peak.1),
+        per(zl_cpu.pg),
+        per(zl_cpu.my),
+        raw_cpu.my * 1e6 / raw_applied as f64
     );
     println!("sink equal to raw   : {}", raw_sum == zl_sum);
     assert_eq!(

@@ -2,14 +2,15 @@
 //!
 //! 1. **Per-change cost** on batches of 1,000 changes of an 8-column table, through the whole
 //!    host path (conversion to WIT, the call, output checks, conversion back): a pass-through
-//!    and a masking transform, in Rust (`guest-examples/rust-mask`) and JavaScript
+//!    and a masking transform, in Rust (`guest-examples/rust-mask`, on the SDK) and JavaScript
 //!    (`guest-examples/js-mask`), next to the same logic written natively in the host; and the
-//!    other examples (C hashing, Go splitting, Python renaming) alike.
+//!    other examples (C hashing, Go splitting, Python renaming on the SDK) alike.
 //! 2. **Pipeline throughput**: a backlog of changes (default 500,000; 100 per transaction:
 //!    60 inserts, 30 updates, 10 deletes) replayed PostgreSQL → MariaDB by `zipline pipeline
-//!    apply` from slots created before the backlog, alternating without a transform and with
-//!    the Rust masking transform (`ZIPLINE_BENCH_ROUNDS`, default 2, rounds of each, so load
-//!    from other processes falls on both alike); changes/s of each and the ratio.
+//!    apply` from slots each pipeline created (`snapshot: never`) before the backlog,
+//!    alternating without a transform and with the Rust SDK's masking transform
+//!    (`ZIPLINE_BENCH_ROUNDS`, default 2, rounds of each, so load from other processes falls
+//!    on both alike); changes/s of each and the ratio.
 //!
 //! `cargo bench --bench transform` (env: `ZIPLINE_BENCH_CHANGES`, `ZIPLINE_BENCH_BATCHES`,
 //! `ZIPLINE_BENCH_ROUNDS`, `ZIPLINE_BENCH_GUESTS=rust,c,go,python,javascript`,
@@ -19,6 +20,7 @@
 
 #[path = "../tests/common/mod.rs"]
 pub mod common;
+pub mod common_backlog;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,16 +30,11 @@ use zipline::change::{Change, Column, Lsn, Op, Position, Table, Value};
 use zipline::config::{OnError, TransformLimits, TransformSpec};
 use zipline::transform::Transformer;
 
+use common_backlog::{env_or, prime, proc_stat};
+
 // The same allocator as the `zipline` binary, so the in-process figures match production.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn guest(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("target/guests/{name}.wasm"))
@@ -306,24 +303,6 @@ fn generate(changes: usize) -> (Vec<String>, usize) {
     (txs, count)
 }
 
-/// User + system CPU seconds of a process so far (Linux `/proc/<pid>/stat`).
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised command name: utime and stime are the 12th and 13th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(") ")
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / 100.0
-}
-
 /// `, N guest calls of M changes on average`, from the `transform stopped` line of a log.
 fn calls_made(log: &std::path::Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -359,13 +338,35 @@ async fn pipeline(changes: usize, rounds: usize) {
     pg.create_database("bench");
     pg.psql("bench", "CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, price numeric(12,2) NOT NULL)");
     pg.psql("bench", "CREATE PUBLICATION zbench FOR TABLE items");
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Each run's pipeline creates its slot first (see `prime`), before the backlog.
     for slot in runs(rounds) {
-        pg.psql(
-            "bench",
-            &format!("SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"),
-        );
         my.create_database(&slot);
         my.sql(&slot, "CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NOT NULL, price DECIMAL(12,2) NOT NULL)");
+        let transform = if slot.starts_with("wasm") {
+            format!(
+                "    transform:\n      module: {}\n      config: {{ columns: name }}\n",
+                guest("rust-mask").display()
+            )
+        } else {
+            String::new()
+        };
+        std::fs::write(
+            dir.path().join(format!("{slot}.yaml")),
+            format!(
+                "name: {slot}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: {slot}\n    tables: [public.items]\n    snapshot: never\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: {slot}\n    user: root\n    lanes: 4\nroutes:\n  - from: pg\n    to: [my]\n{transform}",
+                pg.port, my.port
+            ),
+        )
+        .expect("write yaml");
+        let log = dir.path().join(format!("{slot}.prime.log"));
+        prime(
+            &pg,
+            "bench",
+            &slot,
+            &dir.path().join(format!("{slot}.yaml")),
+            &log,
+        );
     }
     let client = pg.client("bench").await;
     let (txs, changes) = generate(changes);
@@ -380,7 +381,6 @@ async fn pipeline(changes: usize, rounds: usize) {
         "pipeline: backlog of {changes} changes in {} transactions, 4 lanes, {rounds} alternating rounds:",
         txs.len()
     );
-    let dir = tempfile::tempdir().expect("tempdir");
     let keep_logs = std::env::var_os("ZIPLINE_BENCH_KEEP_LOGS").is_some();
     if keep_logs {
         println!(
@@ -392,23 +392,7 @@ async fn pipeline(changes: usize, rounds: usize) {
     let (mut plain_secs, mut wasm_secs) = (0.0, 0.0);
     for slot in runs(rounds) {
         let wasm = slot.starts_with("wasm");
-        let transform = if wasm {
-            format!(
-                "    transform:\n      module: {}\n      config: {{ columns: name }}\n",
-                guest("rust-mask").display()
-            )
-        } else {
-            String::new()
-        };
         let yaml = dir.path().join(format!("{slot}.yaml"));
-        std::fs::write(
-            &yaml,
-            format!(
-                "name: {slot}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: {slot}\n    tables: [public.items]\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: {slot}\n    user: root\n    lanes: 4\nroutes:\n  - from: pg\n    to: [my]\n{transform}",
-                pg.port, my.port
-            ),
-        )
-        .expect("write yaml");
         let log = std::fs::File::create(dir.path().join(format!("{slot}.log"))).expect("log");
         let started = Instant::now();
         let mut child = std::process::Command::new(common::zipline_bin())
@@ -436,7 +420,7 @@ async fn pipeline(changes: usize, rounds: usize) {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let secs = started.elapsed().as_secs_f64();
-        let cpu = cpu_secs(child.id());
+        let cpu = proc_stat(child.id()).1;
         let _ = std::process::Command::new("kill")
             .args(["-TERM", &child.id().to_string()])
             .status();

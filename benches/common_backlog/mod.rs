@@ -314,6 +314,29 @@ pub fn wait_confirmed(
     }
 }
 
+/// Runs `zipline pipeline apply -f <yaml>` (whose source must say `snapshot: never`) until
+/// its slot `slot` on `pg` (database `db`) is active, then stops it: Zipline has created the
+/// slot and recorded in the sink where the pipeline starts. A backlog written after this
+/// replays from there, as after an outage. (A slot made by hand would be refused: the sink
+/// would hold nothing of a slot that already exists.)
+pub fn prime(pg: &Postgres, db: &str, slot: &str, yaml: &Path, log: &Path) {
+    let mut child = spawn_zipline(yaml, log);
+    let started = Instant::now();
+    let active =
+        format!("SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}' AND active");
+    while pg.psql(db, &active) != "1" {
+        assert!(
+            started.elapsed() < Duration::from_secs(60)
+                && child.try_wait().expect("zipline").is_none(),
+            "zipline did not start streaming from {slot}: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = stop_zipline(child);
+    assert!(status.success(), "priming run of {slot} exited {status}");
+}
+
 /// SIGTERM and wait.
 pub fn stop_zipline(mut child: Child) -> std::process::ExitStatus {
     let _ = Command::new("kill")
