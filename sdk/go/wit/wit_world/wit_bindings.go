@@ -6,7 +6,7 @@
 package wit_world
 
 import (
-        "wit_component/zipline_transform_types"
+        "zipline/transform/wit/zipline_transform_types"
 )
 
 type Batch = zipline_transform_types.Batch

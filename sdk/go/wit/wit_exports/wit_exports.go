@@ -3,12 +3,12 @@
 // This code was generated from the following packages:
 //     zipline:transform@0.3.0
 
-package main
+package wit_exports
 
 import (
         "runtime"
-        "wit_component/export_wit_world"
-"wit_component/zipline_transform_types"
+        "zipline/transform/wit/export_wit_world"
+"zipline/transform/wit/zipline_transform_types"
 witRuntime "go.bytecodealliance.org/pkg/wit/runtime"
 witTypes "go.bytecodealliance.org/pkg/wit/types"
 "unsafe"
