@@ -37,7 +37,25 @@ func (c *Change) LSN() string {
 	if p.LsnHigh != 0 {
 		return fmt.Sprintf("0x%04X%016X", p.LsnHigh, p.LsnLow)
 	}
-	return fmt.Sprintf("%X/%X", p.LsnLow>>32, p.LsnLow&0xFFFF_FFFF)
+	// By hand, not fmt: an emitting transform asks this for every change.
+	var buf [17]byte
+	b := appendHex(buf[:0], p.LsnLow>>32)
+	return string(appendHex(append(b, '/'), p.LsnLow&0xFFFF_FFFF))
+}
+
+// appendHex appends n in upper-case hex without leading zeros, as PostgreSQL prints LSNs.
+func appendHex(b []byte, n uint64) []byte {
+	i := len(b)
+	for {
+		b = append(b, "0123456789ABCDEF"[n&0xF])
+		if n >>= 4; n == 0 {
+			break
+		}
+	}
+	for j := len(b) - 1; i < j; i, j = i+1, j-1 {
+		b[i], b[j] = b[j], b[i]
+	}
+	return b
 }
 
 // Schema returns the table's schema.
