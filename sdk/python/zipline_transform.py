@@ -113,7 +113,7 @@ class _Out:
     spans count on from the end of the input's `data`."""
 
     __slots__ = ("input", "base", "data", "values", "tables", "changes", "errors", "names",
-                 "column_names", "reshaped")
+                 "reshaped")
 
     def __init__(self, batch):
         self.input = batch.data
@@ -123,8 +123,8 @@ class _Out:
         self.tables = list(batch.tables)
         self.changes = []
         self.errors = []
+        # table index -> (column names in order, name -> index), made on first use.
         self.names = {}
-        self.column_names = {}
         # (table index, edit) -> table index: a batch's changes of one table get the same
         # edits, so each new shape is built and looked up once.
         self.reshaped = {}
@@ -150,20 +150,21 @@ class _Out:
         return len(self.tables) - 1
 
     def columns(self, table: int) -> tuple:
-        names = self.column_names.get(table)
-        if names is None:
-            names = self.column_names[table] = tuple(c.name for c in self.tables[table].columns)
-        return names
+        return self._names(table)[0]
+
+    def _names(self, table: int) -> tuple:
+        found = self.names.get(table)
+        if found is None:
+            names = tuple(c.name for c in self.tables[table].columns)
+            found = self.names[table] = (names, {n: i for i, n in enumerate(names)})
+        return found
 
     def index(self, table: int, column):
         """The index of `column` (a name or an index) in table #`table`, or None."""
         cols = self.tables[table].columns
         if isinstance(column, int):
             return column if 0 <= column < len(cols) else None
-        names = self.names.get(table)
-        if names is None:
-            names = self.names[table] = {c.name: i for i, c in enumerate(cols)}
-        return names.get(column)
+        return self._names(table)[1].get(column)
 
 
 class Change:
@@ -291,16 +292,15 @@ class Change:
     def drop_column(self, column) -> None:
         """Removes a column that is not a key column from the change and its table."""
         i = self._index_of(column)
-        cols = list(self._shape().columns)
-        if cols[i].is_key:
-            raise Refuse(f"cannot drop key column {cols[i].name} of {self.schema}.{self.table}")
+        if self._shape().columns[i].is_key:
+            raise Refuse(f"cannot drop key column {self.columns[i]} of {self.schema}.{self.table}")
         span = self._raw.values
         if i < span.len:
             values, start, end = self._out.values, span.start, span.start + span.len
             values[start + i:end] = values[start + i + 1:end] + [values[start + i]]
             self._raw.values = w.Span(span.start, span.len - 1)
-        del cols[i]
-        self._reshape(("drop", i), lambda t: w.Table(schema=t.schema, name=t.name, columns=cols))
+        self._reshape(("drop", i), lambda t: w.Table(
+            schema=t.schema, name=t.name, columns=t.columns[:i] + t.columns[i + 1:]))
 
     def emit_copy(self, schema: str, name: str) -> None:
         """Emits a copy of this change into table `schema.name` of the same columns."""
