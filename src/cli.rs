@@ -10,6 +10,9 @@ use clap::{Parser, Subcommand};
 use zipline::config::{self, LoadOptions};
 
 mod status;
+mod transform;
+
+use transform::TransformCommand;
 
 /// What every command's help ends with: exit codes and the environment it reads.
 const EXIT_AND_ENV: &str = "\
@@ -65,11 +68,6 @@ Examples:
   zipline pipeline validate -f pipeline.yaml
   POSTGRES_HOST=db.internal zipline pipeline validate -f pipeline.yaml
 ";
-
-const TRANSFORM_TEST_HELP: &str = r#"Examples:
-  zipline transform test --module mask.wasm --config columns=email --input changes.jsonl
-  echo '{"table":"public.users","op":"insert","columns":[{"name":"id","type":"int8","key":true},{"name":"email","type":"text"}],"key":[42],"values":[42,"a@example.com"]}' | zipline transform test --module mask.wasm --config columns=email --input -
-"#;
 
 const STATUS_HELP: &str = "\
 Examples:
@@ -173,38 +171,6 @@ struct DlqReplayArgs {
 }
 
 #[derive(Debug, Subcommand)]
-enum TransformCommand {
-    /// Run a transform over sample changes (JSON lines) and print what comes out.
-    #[command(after_help = format!("{TRANSFORM_TEST_HELP}\n{EXIT_AND_ENV}"))]
-    Test(TransformTestArgs),
-}
-
-#[derive(Debug, clap::Args)]
-struct TransformTestArgs {
-    /// The component (.wasm).
-    #[arg(long)]
-    module: PathBuf,
-    /// Changes, one JSON object per line (`-` for stdin); the format is in the README.
-    #[arg(long)]
-    input: PathBuf,
-    /// A `config:` entry for the transform's `init`, as KEY=VALUE (repeatable).
-    #[arg(long = "config", value_name = "KEY=VALUE")]
-    config: Vec<String>,
-    /// Memory limit per instance, in MiB.
-    #[arg(long, default_value_t = 64)]
-    memory_mib: u64,
-    /// Time limit per call, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
-    timeout_ms: u64,
-    /// Output limit per call, in MiB (at most 4096, as `limits.output`).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=4096))]
-    output_mib: u64,
-    /// Changes per call.
-    #[arg(long, default_value_t = 1000)]
-    batch_size: usize,
-}
-
-#[derive(Debug, Subcommand)]
 enum PipelineCommand {
     /// Validate, then run a pipeline until Ctrl-C or SIGTERM (then drain and exit 0).
     #[command(after_help = format!("{APPLY_HELP}\n{EXIT_AND_ENV}"))]
@@ -284,6 +250,7 @@ pub(crate) fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             if err.downcast_ref::<config::ConfigError>().is_some()
                 || err.downcast_ref::<UsageError>().is_some()
+                || transform::is_usage_error(&err)
             {
                 ExitCode::from(2)
             } else {
@@ -352,7 +319,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let pipeline = load(&args.file)?;
             status::drop_pipeline(&pipeline, args.yes)
         }
-        Command::Transform(TransformCommand::Test(args)) => transform_test(&args),
+        Command::Transform(command) => transform::run(command),
         Command::Dlq(command) => dlq(command),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command();
@@ -470,97 +437,6 @@ fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-/// `zipline transform test`: outputs go to stdout as JSON lines; failed changes (every one of
-/// them: the policy is `dead_letter` into a scratch file) are listed on stderr and make the
-/// exit status 1.
-fn transform_test(args: &TransformTestArgs) -> anyhow::Result<()> {
-    use std::io::{BufRead, Write};
-    use zipline::transform::json;
-
-    let config = args
-        .config
-        .iter()
-        .map(|kv| {
-            kv.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .with_context(|| format!("--config {kv}: expected KEY=VALUE"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let scratch = tempfile_dir()?;
-    let spec = config::TransformSpec {
-        module: args.module.clone(),
-        module_label: args.module.display().to_string(),
-        config,
-        limits: config::TransformLimits {
-            memory: args.memory_mib << 20,
-            timeout: std::time::Duration::from_millis(args.timeout_ms.max(1)),
-            output: args.output_mib << 20,
-        },
-        on_error: config::OnError::DeadLetter,
-        dead_letter: scratch.join("failed.jsonl"),
-        batch_size: args.batch_size.max(1),
-        row_filter: false,
-    };
-    let mut transformer = zipline::transform::Transformer::new("test", &spec)?;
-    let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
-        Box::new(std::io::stdin().lock())
-    } else {
-        let f = std::fs::File::open(&args.input)
-            .with_context(|| format!("cannot read {}", args.input.display()))?;
-        Box::new(std::io::BufReader::new(f))
-    };
-    let mut tables = Vec::new();
-    let mut changes = Vec::new();
-    for (n, line) in reader.lines().enumerate() {
-        let line = line.with_context(|| format!("reading {}", args.input.display()))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let number = u32::try_from(n + 1).unwrap_or(u32::MAX);
-        let change = json::change_from_json(&line, number, &mut tables)
-            .map_err(|e| anyhow::anyhow!("{}:{number}: {e}", args.input.display()))?;
-        changes.push(change);
-    }
-    let total = changes.len();
-    let mut out = std::io::stdout().lock();
-    let mut produced = 0;
-    let mut rest = changes.into_iter().peekable();
-    while rest.peek().is_some() {
-        let chunk: Vec<_> = rest.by_ref().take(spec.batch_size).collect();
-        for (_, change) in transformer.transform(chunk)? {
-            writeln!(out, "{}", json::change_to_json(&change))?;
-            produced += 1;
-        }
-    }
-    out.flush()?;
-    let failed = std::fs::read_to_string(&spec.dead_letter).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&scratch);
-    for record in failed.lines() {
-        let v: serde_json::Value = serde_json::from_str(record)?;
-        let c = &v["change"];
-        eprintln!(
-            "failed: change {} ({} on {}): {}",
-            c["position"].as_str().unwrap_or("?"),
-            c["op"].as_str().unwrap_or("?"),
-            c["table"].as_str().unwrap_or("?"),
-            v["reason"].as_str().unwrap_or("?")
-        );
-    }
-    let failures = failed.lines().count();
-    eprintln!("{total} changes in, {produced} out, {failures} failed");
-    if failures > 0 {
-        anyhow::bail!("the transform failed on {failures} of {total} changes");
-    }
-    Ok(())
-}
-
-/// A private scratch directory for one command.
-fn tempfile_dir() -> anyhow::Result<PathBuf> {
-    let dir = std::env::temp_dir().join(format!("zipline-transform-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
 }
 
 /// Resolves on the first Ctrl-C or SIGTERM.

@@ -19,7 +19,8 @@
 //!   size is checked against `limits.output` before anything is copied;
 //! - [`runner`]: one instance: `init`, then `transform` calls under the limits;
 //! - [`policy`]: [`Transformer`], restarts after traps, blame isolation, `on_error`;
-//! - [`dead_letter`] and [`json`]: the dead-letter file and the change JSON format.
+//! - [`dead_letter`] and [`json`]: the dead-letter file and the change JSON format;
+//! - [`project`]: new transform projects on the SDKs (`zipline transform new`).
 //!
 //! Containment: a trap, timeout or limit breach is an error value from wasmtime, never a host
 //! crash; the instance is dropped and a fresh one started for the next call. Guests get no
@@ -36,6 +37,7 @@ mod host;
 pub mod json;
 mod output;
 mod policy;
+pub mod project;
 mod runner;
 mod worker;
 

@@ -255,10 +255,11 @@ fn every_help_has_examples_exit_codes_and_environment_and_its_examples_run() {
         .trim_end_matches("transform:")
         .trim_end();
     let bad = format!("{good}\n    lanes: many\n");
-    let commands: [(&[&str], bool); 9] = [
+    let commands: [(&[&str], bool); 10] = [
         (&[], true),
         (&["pipeline", "validate"], true),
         (&["transform", "test"], true),
+        (&["transform", "new"], true),
         (&["pipeline", "apply"], false),
         (&["pipeline", "status"], false),
         (&["pipeline", "drop"], false),
