@@ -11,8 +11,11 @@
 //! after it is handed over.
 //!
 //! Transforms see changes in batches that may span transactions: parcels are gathered until
-//! the largest route batch size is reached or no more parcel is waiting. While a transform
-//! runs, or a lane has no room, acks keep being taken, so the frontier keeps moving.
+//! the largest route batch size is reached or no more parcel is waiting. While more is
+//! waiting, a batch's outputs are replayed only after the next batch has been handed to the
+//! transforms, so a transform's thread and the dispatcher work at the same time; the order of
+//! what reaches the lanes is unchanged. While a transform runs, or a lane has no room, acks
+//! keep being taken, so the frontier keeps moving.
 //!
 //! The frontier only grows; a [`Event::Rewind`] is answered (its count in the frontier
 //! incremented) once nothing is in flight and the open transaction is forgotten.
@@ -22,7 +25,7 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::{mpsc, watch};
 
-use super::route::RouteStage;
+use super::route::{RouteStage, TransformCall};
 use crate::change::{Change, Op, now_micros_since_2000};
 use crate::lane::{Ack, AckTracker, Parcel, Queued, Router, lane_of, needs_barrier, plan};
 use crate::source::emitter::{Event, Frontier};
@@ -75,6 +78,8 @@ pub struct Dispatcher {
     out: Vec<Vec<Parcel>>,
     /// Changes to gather before calling transforms (0: no route transforms).
     gather: usize,
+    /// A batch whose replay waits for the next batch's transforms to have been called.
+    transforming: Option<Transforming>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -100,6 +105,21 @@ enum Item {
         at: crate::change::Lsn,
     },
     Rewind,
+}
+
+/// A gathered batch whose route transforms have been called and may still be running.
+struct Transforming {
+    items: Vec<Item>,
+    /// Per route: `None` without a transform.
+    calls: Vec<Option<Call>>,
+}
+
+/// One route's transform call over a batch.
+struct Call {
+    /// The index (among the batch's changes) of each input.
+    index: Vec<usize>,
+    /// The answer; `None` when the route took none of the batch's changes.
+    reply: Option<TransformCall>,
 }
 
 impl Dispatcher {
@@ -135,6 +155,7 @@ impl Dispatcher {
             tracker: AckTracker::new(start),
             out,
             gather,
+            transforming: None,
         }
     }
 
@@ -194,6 +215,8 @@ impl Dispatcher {
     }
 
     /// One parcel, with the parcels waiting behind it when a transform wants more changes.
+    /// The batch's transforms are called at once; the previous batch, if its replay was put
+    /// off, is replayed while they run.
     async fn take(&mut self, parcel: Vec<Event>) -> Result<(), Halt> {
         let mut items: Vec<Item> = Vec::with_capacity(parcel.len());
         let mut changes = push_items(&mut items, parcel);
@@ -203,23 +226,37 @@ impl Dispatcher {
                 Err(_) => break,
             }
         }
-        let outputs = self.transform(&mut items).await?;
-        self.replay(items, outputs).await?;
+        let calls = self.call_transforms(&mut items);
+        let batch = Transforming { items, calls };
+        if let Some(previous) = self.transforming.take() {
+            self.finish(previous).await?;
+        }
+        // More is waiting: gather it and hand it to the transforms before replaying this
+        // batch, so the transforms' threads and the dispatcher work at the same time. Nothing
+        // waiting: replay now, so a quiet stream's last changes are not held back.
+        if self.gather > 0 && !self.events.is_empty() {
+            self.transforming = Some(batch);
+            return Ok(());
+        }
+        self.finish(batch).await
+    }
+
+    /// Replays a batch once its transforms have answered, and hands its parcels over.
+    async fn finish(&mut self, batch: Transforming) -> Result<(), Halt> {
+        let outputs = self.outputs(batch.calls).await?;
+        self.replay(batch.items, outputs).await?;
         self.flush_all().await?;
         self.publish();
         Ok(())
     }
 
-    /// Runs every route's transform over the changes it takes; per route, the outputs with
-    /// the index (among the items' changes) of their input. `None` for a route without one.
-    async fn transform(
-        &mut self,
-        items: &mut [Item],
-    ) -> Result<Vec<Option<Vec<(usize, Change)>>>, Halt> {
-        let mut outputs = Vec::with_capacity(self.routes.len());
-        for r in 0..self.routes.len() {
-            let Some(transform) = self.routes[r].transform.clone() else {
-                outputs.push(None);
+    /// Calls every route's transform with the changes it takes (moving them out of `items`
+    /// when no other route wants them). `None` for a route without a transform.
+    fn call_transforms(&self, items: &mut [Item]) -> Vec<Option<Call>> {
+        let mut calls = Vec::with_capacity(self.routes.len());
+        for route in &self.routes {
+            let Some(transform) = &route.transform else {
+                calls.push(None);
                 continue;
             };
             let mut inputs = Vec::new();
@@ -228,10 +265,9 @@ impl Dispatcher {
             for item in items.iter_mut() {
                 let Item::Change(slot) = item else { continue };
                 if let Some(change) = slot.as_ref()
-                    && self.routes[r].tables.takes_table(&change.table)
+                    && route.tables.takes_table(&change.table)
                 {
                     index.push(n);
-                    // Moved when no other route wants it, cloned otherwise.
                     if self.takers(change) == 1 {
                         inputs.push(slot.take().unwrap_or_else(|| unreachable!()));
                     } else {
@@ -240,16 +276,32 @@ impl Dispatcher {
                 }
                 n += 1;
             }
-            let result = if inputs.is_empty() {
-                Vec::new()
-            } else {
-                let call = transform.transform(inputs);
-                self.await_serving(call).await?.map_err(|error| {
+            let reply = (!inputs.is_empty()).then(|| transform.transform(inputs));
+            calls.push(Some(Call { index, reply }));
+        }
+        calls
+    }
+
+    /// Per route, the outputs of its call with the index (among the items' changes) of their
+    /// input, awaited while taking acks. `None` for a route without a transform.
+    async fn outputs(
+        &mut self,
+        calls: Vec<Option<Call>>,
+    ) -> Result<Vec<Option<Vec<(usize, Change)>>>, Halt> {
+        let mut outputs = Vec::with_capacity(calls.len());
+        for (r, call) in calls.into_iter().enumerate() {
+            let Some(Call { index, reply }) = call else {
+                outputs.push(None);
+                continue;
+            };
+            let result = match reply {
+                None => Vec::new(),
+                Some(reply) => self.await_serving(reply).await?.map_err(|error| {
                     Halt::Failed(DispatchError::Transform {
                         route: self.routes[r].name.clone(),
                         error,
                     })
-                })?
+                })?,
             };
             outputs.push(Some(
                 result.into_iter().map(|(i, c)| (index[i], c)).collect(),
@@ -463,6 +515,9 @@ impl Dispatcher {
     /// The stream ended (a graceful stop): hand everything over, close the lane queues so each
     /// lane commits what it holds and ends, and take acks until the last lane has ended.
     async fn drain(&mut self) -> Result<(), Halt> {
+        if let Some(batch) = self.transforming.take() {
+            self.finish(batch).await?;
+        }
         self.flush_all().await?;
         self.routers.clear();
         loop {

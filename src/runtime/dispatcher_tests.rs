@@ -355,6 +355,60 @@ async fn routes_take_their_tables_through_their_own_transform() {
     h.frontier_at(11).await;
 }
 
+/// A pass-through whose first call answers only once a second call has been made: a
+/// dispatcher that waits for a batch's outputs before handing the next batch over never gets
+/// an answer.
+struct Gate {
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Transformer for Gate {
+    fn batch_size(&self) -> usize {
+        1
+    }
+    fn transform(
+        &self,
+        changes: Vec<Change>,
+    ) -> BoxFuture<'static, Result<Vec<(usize, Change)>, crate::transform::TransformError>> {
+        let calls = self.calls.clone();
+        let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+        Box::pin(async move {
+            while call == 1 && calls.load(Ordering::SeqCst) < 2 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Ok(changes.into_iter().enumerate().collect())
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_next_batch_is_transformed_while_the_last_is_replayed_in_order() {
+    let t = table("orders");
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let route = RouteStage {
+        transform: Some(Arc::new(Gate {
+            calls: calls.clone(),
+        })),
+        ..all_tables(vec![0])
+    };
+    let mut h = start(vec![route], &[1], 100);
+    // Both parcels wait in the channel before the dispatcher runs (the test's runtime has one
+    // thread and sending to a channel with room does not yield).
+    h.send(tx(10, vec![change(&t, 10, 1, 1, Op::Insert)])).await;
+    h.send(tx(20, vec![change(&t, 20, 1, 2, Op::Insert)])).await;
+    let first = h.take(0, 0).await;
+    let second = h.take(0, 0).await;
+    assert_eq!(
+        (first.change.key.clone(), second.change.key.clone()),
+        (vec![Value::Int8(1)], vec![Value::Int8(2)])
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    h.ack(&[&first]);
+    h.frontier_at(11).await;
+    h.ack(&[&second]);
+    h.frontier_at(21).await;
+}
+
 #[tokio::test]
 async fn a_rewind_is_answered_once_nothing_is_in_flight() {
     let t = table("orders");

@@ -28,5 +28,5 @@ mod route;
 mod snapshot;
 
 pub use dispatcher::{DispatchError, Dispatcher};
-pub use route::{RouteStage, Tables, Transformer};
+pub use route::{RouteStage, Tables, TransformCall, Transformer};
 pub use snapshot::{SinkSnapshots, Target};

@@ -9,17 +9,20 @@ use futures_util::future::BoxFuture;
 use crate::change::{Change, Table};
 use crate::transform::{RouteTransform, TransformError};
 
+/// A transform call's answer: the outputs in input order, each with its input's index.
+pub type TransformCall = BoxFuture<'static, Result<Vec<(usize, Change)>, TransformError>>;
+
 /// What a route's changes pass through before the lanes: a change in, any number out, each
 /// output tagged with the index of its input in the batch. Implemented by the WebAssembly
 /// [`RouteTransform`]; the runtime's unit tests use doubles.
 pub trait Transformer: Send + Sync {
     /// Changes per call the transform prefers.
     fn batch_size(&self) -> usize;
-    /// Transforms `changes`; outputs in input order, each with its input's index.
-    fn transform(
-        &self,
-        changes: Vec<Change>,
-    ) -> BoxFuture<'static, Result<Vec<(usize, Change)>, TransformError>>;
+    /// Transforms `changes`; outputs in input order, each with its input's index. The job should be handed over before this returns, the future
+    /// only awaiting the answer: the dispatcher calls for the next batch before it awaits the
+    /// last one's answer, and the transform works meanwhile. Calls are transformed in the
+    /// order they are made.
+    fn transform(&self, changes: Vec<Change>) -> TransformCall;
 }
 
 impl Transformer for RouteTransform {
@@ -27,10 +30,7 @@ impl Transformer for RouteTransform {
         RouteTransform::batch_size(self)
     }
 
-    fn transform(
-        &self,
-        changes: Vec<Change>,
-    ) -> BoxFuture<'static, Result<Vec<(usize, Change)>, TransformError>> {
+    fn transform(&self, changes: Vec<Change>) -> TransformCall {
         Box::pin(RouteTransform::transform(self, changes))
     }
 }
