@@ -113,9 +113,11 @@ pub enum ProjectError {
     },
 }
 
-/// One embedded file: its path inside the project and its bytes.
+/// One embedded file: its path inside the project, where it comes from in the repository,
+/// and its bytes.
 struct File {
     path: &'static str,
+    source: &'static str,
     bytes: &'static [u8],
 }
 
@@ -194,6 +196,7 @@ mod files {
         ($($path:literal => $source:literal),* $(,)?) => {
             &[$(File {
                 path: $path,
+                source: $source,
                 bytes: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $source)),
             }),*]
         };
@@ -280,6 +283,7 @@ mod files {
     /// (every SDK's filter turns it into the same output, which `tests/transforms` checks).
     pub(super) static COMMON_TEMPLATE: &[File] = embed!(
         "test.sh" => "templates/transform/test.sh",
+        "zipline/install.sh" => "templates/transform/install.sh",
         "sample.jsonl" => "guest-examples/rust-filter/sample.jsonl",
         "sample.config" => "guest-examples/rust-filter/sample.config",
         "expected.jsonl" => "guest-examples/rust-filter/expected.jsonl",
@@ -290,7 +294,7 @@ mod files {
         "Cargo.toml" => "templates/transform/rust/Cargo.toml",
         "README.md" => "templates/transform/rust/README.md",
         "build.sh" => "templates/transform/rust/build.sh",
-        "src/lib.rs" => "templates/transform/rust/src/lib.rs",
+        "src/lib.rs" => "guest-examples/rust-filter/src/lib.rs",
     );
     pub(super) static PYTHON_TEMPLATE: &[File] = embed!(
         ".gitignore" => "templates/transform/python/.gitignore",
@@ -375,15 +379,14 @@ mod tests {
 
     #[test]
     fn every_template_file_is_embedded() {
-        for language in Language::ALL {
-            let embedded: BTreeSet<String> = language
-                .template()
-                .iter()
-                .map(|f| format!("templates/transform/{}/{}", language.name(), f.path))
-                .collect();
-            let dir = format!("templates/transform/{}", language.name());
-            assert_eq!(embedded, on_disk(&dir), "the files of {dir}");
-        }
+        let embedded: BTreeSet<String> = Language::ALL
+            .iter()
+            .flat_map(|l| l.template())
+            .chain(files::COMMON_TEMPLATE)
+            .map(|f| f.source.to_owned())
+            .filter(|source| source.starts_with("templates/"))
+            .collect();
+        assert_eq!(embedded, on_disk("templates/transform"));
     }
 
     #[test]

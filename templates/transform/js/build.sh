@@ -25,10 +25,4 @@ tmp="$(mktemp "${TMPDIR:-/tmp}/__NAME__.XXXXXX.wasm")"
 trap 'rm -f "$tmp"' EXIT
 node componentize.mjs zipline/wit "$tmp"
 
-# A transform may import only the contract's interfaces (of the version in zipline/wit).
-v="$(sed -n 's/^package zipline:transform@\(.*\);$/\1/p' zipline/wit/transform.wit)"
-others="$(wasm-tools component wit "$tmp" | sed -n 's/^  import \(.*\);$/\1/p' |
-  grep -vx -e "zipline:transform/host@$v" -e "zipline:transform/types@$v" || true)"
-[[ -z $others ]] || { echo "__NAME__.wasm imports more than the contract:" $others >&2; exit 1; }
-install -m 0644 "$tmp" target/__NAME__.wasm
-echo "built target/__NAME__.wasm ($(stat -c %s target/__NAME__.wasm) bytes)"
+zipline/install.sh "$tmp" __NAME__

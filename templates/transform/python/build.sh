@@ -27,10 +27,4 @@ trap 'rm -f "$tmp"' EXIT
 PYTHONDONTWRITEBYTECODE=1 componentize-py -d zipline/wit -w transform componentize --stub-wasi \
   -p . -p zipline/sdk/python app -o "$tmp" >/dev/null
 
-# A transform may import only the contract's interfaces (of the version in zipline/wit).
-v="$(sed -n 's/^package zipline:transform@\(.*\);$/\1/p' zipline/wit/transform.wit)"
-others="$(wasm-tools component wit "$tmp" | sed -n 's/^  import \(.*\);$/\1/p' |
-  grep -vx -e "zipline:transform/host@$v" -e "zipline:transform/types@$v" || true)"
-[[ -z $others ]] || { echo "__NAME__.wasm imports more than the contract:" $others >&2; exit 1; }
-install -m 0644 "$tmp" target/__NAME__.wasm
-echo "built target/__NAME__.wasm ($(stat -c %s target/__NAME__.wasm) bytes)"
+zipline/install.sh "$tmp" __NAME__
