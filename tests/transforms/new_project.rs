@@ -133,28 +133,32 @@ fn new_python_and_js_projects_build_and_pass_their_tests() {
     new_project_builds_and_passes_its_test("js");
 }
 
+/// `zipline transform new ARGS` in `dir`: its exit code and stderr.
+fn new_in(dir: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(bin())
+        .args(["transform", "new"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 #[test]
 fn a_bad_name_or_an_existing_directory_is_refused_and_nothing_is_written() {
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(bin())
-        .args(["transform", "new", "--lang", "go", "Bad_Name"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let (code, err) = new_in(dir.path(), &["--lang", "go", "Bad_Name"]);
+    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("`Bad_Name`"), "{err}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 
     std::fs::create_dir(dir.path().join("taken")).unwrap();
     std::fs::write(dir.path().join("taken/mine.txt"), "keep me").unwrap();
-    let out = Command::new(bin())
-        .args(["transform", "new", "--lang", "c", "taken"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let (code, err) = new_in(dir.path(), &["--lang", "c", "taken"]);
+    assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("taken exists already"), "{err}");
     let left: Vec<_> = std::fs::read_dir(dir.path().join("taken"))
         .unwrap()
