@@ -117,6 +117,7 @@ pub enum ProjectError {
 /// and its bytes.
 struct File {
     path: &'static str,
+    #[cfg(test)]
     source: &'static str,
     bytes: &'static [u8],
 }
@@ -196,6 +197,7 @@ mod files {
         ($($path:literal => $source:literal),* $(,)?) => {
             &[$(File {
                 path: $path,
+                #[cfg(test)]
                 source: $source,
                 bytes: include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $source)),
             }),*]
