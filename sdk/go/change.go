@@ -33,14 +33,22 @@ func (c *Change) Position() Position { return c.raw.Position }
 
 // LSN returns the change's commit LSN as PostgreSQL prints it ("0/7000028").
 func (c *Change) LSN() string {
-	p := c.raw.Position
-	if p.LsnHigh != 0 {
-		return fmt.Sprintf("0x%04X%016X", p.LsnHigh, p.LsnLow)
+	p, o := c.raw.Position, c.out
+	// An emitting transform asks this for every change, and a transaction's changes share
+	// their LSN: the last one's text is kept.
+	if o.lsn != "" && p.LsnHigh == o.lsnHigh && p.LsnLow == o.lsnLow {
+		return o.lsn
 	}
-	// By hand, not fmt: an emitting transform asks this for every change.
-	var buf [17]byte
-	b := appendHex(buf[:0], p.LsnLow>>32)
-	return string(appendHex(append(b, '/'), p.LsnLow&0xFFFF_FFFF))
+	if p.LsnHigh != 0 {
+		o.lsn = fmt.Sprintf("0x%04X%016X", p.LsnHigh, p.LsnLow)
+	} else {
+		// By hand, not fmt.
+		var buf [17]byte
+		b := appendHex(buf[:0], p.LsnLow>>32)
+		o.lsn = string(appendHex(append(b, '/'), p.LsnLow&0xFFFF_FFFF))
+	}
+	o.lsnHigh, o.lsnLow = p.LsnHigh, p.LsnLow
+	return o.lsn
 }
 
 // appendHex appends n in upper-case hex without leading zeros, as PostgreSQL prints LSNs.
@@ -181,15 +189,24 @@ func (c *Change) slots(i int, oldKey bool) []int {
 
 // Get returns the value of col (Null and false when there is none).
 func (c *Change) Get(col any) (Value, bool) {
-	i, ok := c.index(col)
+	w, ok := c.value(col)
 	if !ok {
 		return Value{}, false
+	}
+	return Value{c.out.cell(c.out.decode(w))}, true
+}
+
+// value returns the contract's value of col, as Get finds it.
+func (c *Change) value(col any) (types.Value, bool) {
+	i, ok := c.index(col)
+	if !ok {
+		return types.Value{}, false
 	}
 	slot, ok := c.slot(i)
 	if !ok {
-		return Value{}, false
+		return types.Value{}, false
 	}
-	return c.out.decode(c.out.values[slot]), true
+	return c.out.values[slot], true
 }
 
 // Kind returns the variant of col's value.
@@ -207,38 +224,42 @@ func (c *Change) Kind(col any) (Kind, bool) {
 
 // GetStr returns the text of a text, numeric, json or other-typed column.
 func (c *Change) GetStr(col any) (string, bool) {
-	v, ok := c.Get(col)
+	w, ok := c.value(col)
 	if !ok {
 		return "", false
 	}
-	return v.Str()
+	v := c.out.decode(w)
+	return Value{&v}.Str()
 }
 
 // GetInt returns an integer column of any width.
 func (c *Change) GetInt(col any) (int64, bool) {
-	v, ok := c.Get(col)
+	w, ok := c.value(col)
 	if !ok {
 		return 0, false
 	}
-	return v.Int()
+	v := c.out.decode(w)
+	return Value{&v}.Int()
 }
 
 // GetFloat returns a float column (or an integer one, converted).
 func (c *Change) GetFloat(col any) (float64, bool) {
-	v, ok := c.Get(col)
+	w, ok := c.value(col)
 	if !ok {
 		return 0, false
 	}
-	return v.Float()
+	v := c.out.decode(w)
+	return Value{&v}.Float()
 }
 
 // GetBool returns a boolean column.
 func (c *Change) GetBool(col any) (bool, bool) {
-	v, ok := c.Get(col)
+	w, ok := c.value(col)
 	if !ok {
 		return false, false
 	}
-	return v.Bool()
+	v := c.out.decode(w)
+	return Value{&v}.Bool()
 }
 
 // IsNull reports whether col is SQL NULL.
@@ -255,7 +276,8 @@ func (c *Change) Set(col any, x any) error {
 	if err != nil {
 		return err
 	}
-	v, err := valueOf(x)
+	var tmp cell
+	v, err := valueOf(x, &tmp)
 	if err != nil {
 		return fmt.Errorf("column %s: %v", c.shape().Columns[i].Name, err)
 	}
@@ -359,6 +381,12 @@ func (c *Change) Dropped() bool { return c.dropped }
 
 // reshape gives the change the table shape make(current shape), which key names.
 func (c *Change) reshape(key reshapeKey, make func(types.Table) types.Table) {
+	c.raw.Table = c.reshaped(key, make)
+}
+
+// reshaped returns the index of the table shape make(current shape), which key names,
+// building it on the first use in the batch.
+func (c *Change) reshaped(key reshapeKey, make func(types.Table) types.Table) uint32 {
 	key.table = c.raw.Table
 	index, ok := c.out.reshaped[key]
 	if !ok {
@@ -368,7 +396,7 @@ func (c *Change) reshape(key reshapeKey, make func(types.Table) types.Table) {
 		}
 		c.out.reshaped[key] = index
 	}
-	c.raw.Table = index
+	return index
 }
 
 // RenameTable moves the change to table schema.name (same columns).
@@ -431,10 +459,15 @@ func (c *Change) copySpan(s types.Span) types.Span {
 // EmitCopy emits a copy of the change as it is now (same op, position, key and values) into
 // table schema.name of the same columns, after this change.
 func (c *Change) EmitCopy(schema, name string) {
-	t := *c.shape()
-	t.Schema, t.Name = schema, name
 	copied := c.raw
-	copied.Table = c.out.table(t)
+	copied.Table = c.reshaped(reshapeKey{edit: 'e', a: schema, b: name}, func(t types.Table) types.Table {
+		return types.Table{Schema: schema, Name: name, Columns: t.Columns}
+	})
+	n := c.raw.Key.Len + c.raw.Values.Len
+	if c.raw.OldKey.IsSome() {
+		n += c.raw.OldKey.Some().Len
+	}
+	c.out.reserve(int(n), 1)
 	copied.Key = c.copySpan(c.raw.Key)
 	if c.raw.OldKey.IsSome() {
 		copied.OldKey = witTypes.Some(c.copySpan(c.raw.OldKey.Some()))
@@ -455,51 +488,59 @@ func (c *Change) Emit(op Op, t Table, values ...any) error {
 	if op > Truncate {
 		return fmt.Errorf("emit into %s.%s: no op %d", t.Schema, t.Name, uint8(op))
 	}
-	row := make([]types.Value, len(values))
-	var keyCols []int
-	for i, x := range values {
-		v, err := valueOf(x)
-		if err != nil {
-			return fmt.Errorf("emit into %s.%s, column %s: %v", t.Schema, t.Name, t.Columns[i].Name, err)
-		}
-		w, err := c.out.lower(t.Columns[i], v, nil)
-		if err != nil {
-			return err
-		}
-		row[i] = w
-		if t.Columns[i].IsKey {
-			keyCols = append(keyCols, i)
-		}
-	}
-	start := uint32(len(c.out.values))
-	var key, rowSpan types.Span
+	o, p := c.out, c.out.prepare(t)
 	whole := op == Insert || op == Update
-	if whole {
-		c.out.values = append(c.out.values, row...)
-		rowSpan = types.Span{Start: start, Len: uint32(len(row))}
-	} else {
-		rowSpan = types.Span{Start: start}
+	// The row, then (unless it is a span of the row) the key, straight into the values list.
+	n := len(p.keys)
+	if whole && p.adjacent {
+		n = len(values)
+	} else if whole {
+		n += len(values)
 	}
-	contiguous := len(keyCols) > 0 && keyCols[len(keyCols)-1]-keyCols[0] == len(keyCols)-1
+	o.reserve(n, 1)
+	start := len(o.values)
+	for i, x := range values {
+		var tmp cell
+		v, err := valueOf(x, &tmp)
+		if err == nil {
+			var w types.Value
+			if w, err = o.lower(p.table.Columns[i], v, nil); err == nil {
+				if whole || p.table.Columns[i].IsKey {
+					o.values = append(o.values, w)
+				}
+				continue
+			}
+		} else {
+			err = fmt.Errorf("emit into %s.%s, column %s: %v", t.Schema, t.Name, t.Columns[i].Name, err)
+		}
+		o.values = o.values[:start]
+		return err
+	}
+	row := types.Span{Start: uint32(start)}
+	key := types.Span{Start: uint32(start), Len: uint32(len(p.keys))}
 	switch {
 	case op == Truncate:
-		key = types.Span{Start: start}
-	case whole && contiguous:
+		o.values = o.values[:start] // no key
+		key.Len = 0
+	case !whole: // a delete: the key columns are all there is
+	case p.adjacent:
 		// The key columns lie side by side in the row: the key is a span of the row's span.
-		key = types.Span{Start: start + uint32(keyCols[0]), Len: uint32(len(keyCols))}
+		row.Len = uint32(len(values))
+		key.Start += uint32(p.keys[0])
 	default:
-		key = types.Span{Start: uint32(len(c.out.values)), Len: uint32(len(keyCols))}
-		for _, i := range keyCols {
-			c.out.values = append(c.out.values, row[i])
+		row.Len = uint32(len(values))
+		key.Start = uint32(len(o.values))
+		for _, i := range p.keys {
+			o.values = append(o.values, o.values[start+i])
 		}
 	}
-	c.out.changes = append(c.out.changes, types.Change{
-		Table:    c.out.table(t),
+	o.changes = append(o.changes, types.Change{
+		Table:    p.index,
 		Op:       uint8(op),
 		Position: c.raw.Position,
 		Key:      key,
 		OldKey:   witTypes.None[types.Span](),
-		Values:   rowSpan,
+		Values:   row,
 	})
 	return nil
 }

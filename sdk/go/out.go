@@ -3,6 +3,7 @@ package transform
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"unsafe"
 
@@ -22,10 +23,24 @@ type out struct {
 	changes []types.Change
 	errors  []types.ChangeError
 	epoch   uint64
+	// The input's number of changes and the index of the one being run, to size the lists
+	// once when a change first emits.
+	inputs, index int
 	// Per table index, built on first use.
 	shapes []*shape
 	// A batch's changes of one table get the same edits: each new shape is built once.
 	reshaped map[reshapeKey]uint32
+	// The tables changes were emitted into, each prepared once; last is the one used last.
+	prepared []*prepared
+	last     int
+	// The Values Get read, a block at a time.
+	cells []cell
+	// New texts written, by a hash of their kind and text: one written again is the same
+	// value (its span), neither appended nor made again.
+	texts [64]newText
+	// The text of the last LSN asked for, and its position.
+	lsn             string
+	lsnHigh, lsnLow uint64
 }
 
 type shape struct {
@@ -38,6 +53,21 @@ type reshapeKey struct {
 	edit  byte
 	col   int
 	a, b  string
+}
+
+// prepared is a table changes are emitted into: its own copy of the shape (an Emit's table
+// may be modified after), its index in the output's tables and its key columns.
+type prepared struct {
+	table    types.Table
+	index    uint32
+	keys     []int // the key columns' indexes
+	adjacent bool  // the key columns lie side by side
+}
+
+type newText struct {
+	tag uint8 // 0: none
+	s   string
+	w   types.Value
 }
 
 func (o *out) bytes(s types.Span) []byte {
@@ -75,6 +105,99 @@ func (o *out) appendBytes(b []byte) types.Span {
 	start := o.base + uint32(len(o.data))
 	o.data = append(o.data, b...)
 	return types.Span{Start: start, Len: uint32(len(b))}
+}
+
+// cell returns a new cell for a Value, from the batch's current block (a Value points at
+// its cell: a block is freed when no Value points into it).
+func (o *out) cell(c cell) *cell {
+	if len(o.cells) == cap(o.cells) {
+		n := 2 * cap(o.cells)
+		if n < 16 {
+			n = 16
+		} else if n > 512 {
+			n = 512
+		}
+		o.cells = make([]cell, 0, n)
+	}
+	o.cells = append(o.cells, c)
+	return &o.cells[len(o.cells)-1]
+}
+
+// newText returns a text, json or numeric value (tag) of s, appending s to the output's data
+// unless the batch wrote the same value already (an emitting transform writes the same LSN
+// and op names over and over).
+func (o *out) newText(tag uint8, s string) types.Value {
+	if len(s) > 64 {
+		return makeSpan(tag, o.appendText(s))
+	}
+	h := uint32(2166136261) ^ uint32(tag)
+	for i := 0; i < len(s); i++ {
+		h = (h ^ uint32(s[i])) * 16777619
+	}
+	e := &o.texts[(h^h>>16)%uint32(len(o.texts))]
+	if e.tag == tag && e.s == s {
+		return e.w
+	}
+	span := o.appendText(s)
+	w := makeSpan(tag, span)
+	*e = newText{tag: tag, s: o.text(span), w: w}
+	return w
+}
+
+func makeSpan(tag uint8, s types.Span) types.Value {
+	switch tag {
+	case types.Value_Json:
+		return types.MakeValueJson(s)
+	case types.Value_Numeric:
+		return types.MakeValueNumeric(s)
+	}
+	return types.MakeValueText(s)
+}
+
+// reserve makes room for values more values and changes more changes. A list that must
+// grow gets room for as many again for each change left in the batch (the changes list: for
+// each, itself and one emitted), since a transform that emits from one change mostly emits
+// from the next: the lists are then copied once rather than at each of append's steps (whose
+// old arrays stay until the next batch's collection, see init). It grows to at most twice
+// its capacity at a time, in case the estimate is far off.
+func (o *out) reserve(values, changes int) {
+	left := o.inputs - o.index - 1 // after this change
+	o.values = reserve(o.values, values, values*(left+1))
+	o.changes = reserve(o.changes, changes, changes+2*left)
+}
+
+// reserve returns s with room for need more: s itself when it has it, else a copy with room
+// for want more (at least need, at most as many as s has room for in all).
+func reserve[E any](s []E, need, want int) []E {
+	if cap(s)-len(s) >= need {
+		return s
+	}
+	n := max(need, min(want, cap(s)))
+	return append(make([]E, 0, len(s)+n), s...)
+}
+
+// prepare returns the prepared table equal to t, preparing it on its first use.
+func (o *out) prepare(t types.Table) *prepared {
+	if o.last < len(o.prepared) && sameTable(o.prepared[o.last].table, t) {
+		return o.prepared[o.last]
+	}
+	for i, p := range o.prepared {
+		if sameTable(p.table, t) {
+			o.last = i
+			return p
+		}
+	}
+	p := &prepared{table: types.Table{Schema: t.Schema, Name: t.Name, Columns: slices.Clone(t.Columns)}}
+	for i, c := range p.table.Columns {
+		if c.IsKey {
+			p.keys = append(p.keys, i)
+		}
+	}
+	p.adjacent = len(p.keys) > 0 && p.keys[len(p.keys)-1]-p.keys[0] == len(p.keys)-1
+	p.index = o.table(p.table)
+	o.prepared = append(o.prepared, p)
+	o.last = len(o.prepared) - 1
+	return p
 }
 
 // table returns the index of t in the output's tables, adding it unless an equal one is
@@ -125,9 +248,9 @@ func (o *out) shape(table uint32) *shape {
 	return s
 }
 
-// decode makes the Value of w, remembering w for writing it back as it is.
-func (o *out) decode(w types.Value) Value {
-	v := Value{kind: Kind(w.Tag()), raw: w, epoch: o.epoch}
+// decode returns what w holds, remembering w for writing it back as it is.
+func (o *out) decode(w types.Value) cell {
+	v := cell{kind: Kind(w.Tag()), raw: w, epoch: o.epoch}
 	switch w.Tag() {
 	case types.Value_Boolean:
 		if w.Boolean() {
@@ -140,9 +263,9 @@ func (o *out) decode(w types.Value) Value {
 	case types.Value_Int8:
 		v.n = w.Int8()
 	case types.Value_Float4:
-		v.f = float64(w.Float4())
+		v.n = int64(math.Float64bits(float64(w.Float4())))
 	case types.Value_Float8:
-		v.f = w.Float8()
+		v.n = int64(math.Float64bits(w.Float8()))
 	case types.Value_Numeric:
 		v.s = o.text(w.Numeric())
 	case types.Value_Text:
@@ -150,7 +273,8 @@ func (o *out) decode(w types.Value) Value {
 	case types.Value_Json:
 		v.s = o.text(w.Json())
 	case types.Value_Bytes:
-		v.b = o.bytes(w.Bytes())
+		b := o.bytes(w.Bytes())
+		v.s = unsafe.String(unsafe.SliceData(b), len(b))
 	case types.Value_Other:
 		v.oid, v.s = w.Other().TypeOid, o.text(w.Other().Text)
 	case types.Value_Date:
@@ -162,7 +286,8 @@ func (o *out) decode(w types.Value) Value {
 	case types.Value_Timestamptz:
 		v.n = w.Timestamptz()
 	case types.Value_Uuid:
-		v.u = [2]uint64{w.Uuid().F0, w.Uuid().F1}
+		u := w.Uuid()
+		v.n, v.lo = int64(u.F0), u.F1
 	}
 	return v
 }
@@ -192,16 +317,19 @@ const (
 
 // lower returns the contract's form of v for column c, whose value is now current (if
 // any): integers at the column's width, strings in the kind of the current value, else of
-// the column's type.
-func (o *out) lower(c types.Column, v Value, current *types.Value) (types.Value, error) {
+// the column's type. A value read from this batch that keeps its variant is given back as
+// it was read (its span still holds, so its bytes are not copied, and nothing is made).
+func (o *out) lower(c types.Column, v *cell, current *types.Value) (types.Value, error) {
+	var raw *types.Value
 	if v.epoch == o.epoch {
-		// Read from this batch: its span still holds, so its bytes are not copied.
+		raw = &v.raw
 		switch v.kind {
-		case KindNumeric, KindJSON, KindBytes, KindOther:
+		case KindNumeric, KindJSON, KindBytes, KindOther, KindDate, KindTime, KindTimestamp,
+			KindTimestampTZ, KindUUID, KindNull, KindUnchanged, KindBool:
 			return v.raw, nil
 		case KindText:
 			span := v.raw.Text()
-			return o.lowerString(c, v.s, current, &span)
+			return o.lowerString(c, v.s, current, &span, raw)
 		}
 	}
 	switch v.kind {
@@ -212,17 +340,17 @@ func (o *out) lower(c types.Column, v Value, current *types.Value) (types.Value,
 	case KindBool:
 		return types.MakeValueBoolean(v.n != 0), nil
 	case KindInt2, KindInt4, KindInt8:
-		return o.lowerInt(c, v.n)
+		return o.lowerInt(c, v.n, raw)
 	case KindFloat4, KindFloat8:
-		return o.lowerFloat(c, v)
+		return o.lowerFloat(c, v, raw)
 	case KindText:
-		return o.lowerString(c, v.s, current, nil)
+		return o.lowerString(c, v.s, current, nil, nil)
 	case KindNumeric:
-		return types.MakeValueNumeric(o.appendText(v.s)), nil
+		return o.newText(types.Value_Numeric, v.s), nil
 	case KindJSON:
-		return types.MakeValueJson(o.appendText(v.s)), nil
+		return o.newText(types.Value_Json, v.s), nil
 	case KindBytes:
-		return types.MakeValueBytes(o.appendBytes(v.b)), nil
+		return types.MakeValueBytes(o.appendBytes(v.bytes())), nil
 	case KindOther:
 		return types.MakeValueOther(types.OtherValue{TypeOid: v.oid, Text: o.appendText(v.s)}), nil
 	case KindDate:
@@ -234,52 +362,71 @@ func (o *out) lower(c types.Column, v Value, current *types.Value) (types.Value,
 	case KindTimestampTZ:
 		return types.MakeValueTimestamptz(v.n), nil
 	case KindUUID:
-		return types.MakeValueUuid(witTypes.Tuple2[uint64, uint64]{F0: v.u[0], F1: v.u[1]}), nil
+		return types.MakeValueUuid(witTypes.Tuple2[uint64, uint64]{F0: uint64(v.n), F1: v.lo}), nil
 	}
 	return types.Value{}, fmt.Errorf("column %s: cannot write a value of kind %v", c.Name, v.kind)
 }
 
-func (o *out) lowerInt(c types.Column, n int64) (types.Value, error) {
-	fits := func(bits uint) bool { return n >= -(1<<(bits-1)) && n < 1<<(bits-1) }
-	misfit := fmt.Errorf("%d does not fit column %s", n, c.Name)
+// lowerInt writes n at column c's width; raw, if given, is n as read from this batch, given
+// back when it has that width.
+func (o *out) lowerInt(c types.Column, n int64, raw *types.Value) (types.Value, error) {
+	tag, bits := types.Value_Int8, uint(64)
 	switch c.TypeOid {
 	case oidInt2:
-		if !fits(16) {
-			return types.Value{}, misfit
-		}
-		return types.MakeValueInt2(int16(n)), nil
+		tag, bits = types.Value_Int2, 16
 	case oidInt4:
-		if !fits(32) {
-			return types.Value{}, misfit
-		}
-		return types.MakeValueInt4(int32(n)), nil
+		tag, bits = types.Value_Int4, 32
 	case oidDate:
-		if !fits(32) {
-			return types.Value{}, misfit
-		}
-		return types.MakeValueDate(int32(n)), nil
+		tag, bits = types.Value_Date, 32
 	case oidTime:
-		return types.MakeValueTime(n), nil
+		tag = types.Value_Time
 	case oidTimestamp:
-		return types.MakeValueTimestamp(n), nil
+		tag = types.Value_Timestamp
 	case oidTimestampTZ:
-		return types.MakeValueTimestamptz(n), nil
+		tag = types.Value_Timestamptz
 	case oidFloat4:
 		return types.MakeValueFloat4(float32(n)), nil
 	case oidFloat8:
 		return types.MakeValueFloat8(float64(n)), nil
 	case oidNumeric:
-		return types.MakeValueNumeric(o.appendText(strconv.FormatInt(n, 10))), nil
+		return o.newText(types.Value_Numeric, strconv.FormatInt(n, 10)), nil
+	}
+	if bits < 64 && (n < -(1<<(bits-1)) || n >= 1<<(bits-1)) {
+		return types.Value{}, fmt.Errorf("%d does not fit column %s", n, c.Name)
+	}
+	if raw != nil && raw.Tag() == tag {
+		return *raw, nil
+	}
+	switch tag {
+	case types.Value_Int2:
+		return types.MakeValueInt2(int16(n)), nil
+	case types.Value_Int4:
+		return types.MakeValueInt4(int32(n)), nil
+	case types.Value_Date:
+		return types.MakeValueDate(int32(n)), nil
+	case types.Value_Time:
+		return types.MakeValueTime(n), nil
+	case types.Value_Timestamp:
+		return types.MakeValueTimestamp(n), nil
+	case types.Value_Timestamptz:
+		return types.MakeValueTimestamptz(n), nil
 	}
 	return types.MakeValueInt8(n), nil
 }
 
-func (o *out) lowerFloat(c types.Column, v Value) (types.Value, error) {
-	f := v.f
+// lowerFloat writes v's float for column c; raw as for lowerInt.
+func (o *out) lowerFloat(c types.Column, v *cell, raw *types.Value) (types.Value, error) {
+	f := v.float()
 	switch c.TypeOid {
 	case oidFloat4:
+		if raw != nil && raw.Tag() == types.Value_Float4 {
+			return *raw, nil
+		}
 		return types.MakeValueFloat4(float32(f)), nil
 	case oidFloat8:
+		if raw != nil && raw.Tag() == types.Value_Float8 {
+			return *raw, nil
+		}
 		return types.MakeValueFloat8(f), nil
 	case oidNumeric:
 		s := strconv.FormatFloat(f, 'f', -1, 64)
@@ -291,12 +438,15 @@ func (o *out) lowerFloat(c types.Column, v Value) (types.Value, error) {
 		case math.IsInf(f, -1):
 			s = "-Infinity"
 		}
-		return types.MakeValueNumeric(o.appendText(s)), nil
+		return o.newText(types.Value_Numeric, s), nil
 	case oidInt2, oidInt4, oidInt8:
 		if f != math.Trunc(f) || f < -(1<<63) || f >= 1<<63 {
 			return types.Value{}, fmt.Errorf("%v does not fit column %s", f, c.Name)
 		}
-		return o.lowerInt(c, int64(f))
+		return o.lowerInt(c, int64(f), nil)
+	}
+	if raw != nil {
+		return *raw, nil // float4 or float8, as it was read
 	}
 	if v.kind == KindFloat4 {
 		return types.MakeValueFloat4(float32(f)), nil
@@ -305,8 +455,9 @@ func (o *out) lowerFloat(c types.Column, v Value) (types.Value, error) {
 }
 
 // lowerString writes s as the kind current or the column calls for; at span, if given, are
-// its bytes already.
-func (o *out) lowerString(c types.Column, s string, current *types.Value, at *types.Span) (types.Value, error) {
+// its bytes already, and raw, if given, is s as read from this batch (a text), given back
+// when it stays a text.
+func (o *out) lowerString(c types.Column, s string, current *types.Value, at *types.Span, raw *types.Value) (types.Value, error) {
 	kind := KindOther
 	if current != nil && current.Tag() != types.Value_Null && current.Tag() != types.Value_Unchanged {
 		kind = Kind(current.Tag())
@@ -323,12 +474,6 @@ func (o *out) lowerString(c types.Column, s string, current *types.Value, at *ty
 			kind = KindText
 		}
 	}
-	text := func() types.Span {
-		if at != nil {
-			return *at
-		}
-		return o.appendText(s)
-	}
 	switch kind {
 	case KindUUID:
 		hi, lo, ok := parseUUID(s)
@@ -341,11 +486,22 @@ func (o *out) lowerString(c types.Column, s string, current *types.Value, at *ty
 		if current != nil && current.Tag() == types.Value_Other {
 			oid = current.Other().TypeOid
 		}
-		return types.MakeValueOther(types.OtherValue{TypeOid: oid, Text: text()}), nil
-	case KindJSON:
-		return types.MakeValueJson(text()), nil
-	case KindNumeric:
-		return types.MakeValueNumeric(text()), nil
+		var span types.Span
+		if at != nil {
+			span = *at
+		} else {
+			span = o.appendText(s)
+		}
+		return types.MakeValueOther(types.OtherValue{TypeOid: oid, Text: span}), nil
+	case KindJSON, KindNumeric:
+	default:
+		kind = KindText
+		if raw != nil && raw.Tag() == types.Value_Text {
+			return *raw, nil
+		}
 	}
-	return types.MakeValueText(text()), nil
+	if at != nil {
+		return makeSpan(uint8(kind), *at), nil
+	}
+	return o.newText(uint8(kind), s), nil
 }

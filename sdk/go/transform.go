@@ -232,11 +232,24 @@ func Run(t Transform, batch types.Batch) (types.Output, error) {
 		changes: make([]types.Change, 0, len(batch.Changes)),
 		errors:  []types.ChangeError{},
 		epoch:   epoch,
+		inputs:  len(batch.Changes),
 	}
+	// The Changes handed to t, a block at a time rather than one allocation each.
+	var block []Change
 	for index, raw := range batch.Changes {
+		o.index = index
+		if len(block) == 0 {
+			block = make([]Change, min(len(batch.Changes)-index, 256))
+		}
+		c := &block[0]
+		block = block[1:]
+		*c = Change{out: o, raw: raw}
+		// Its place, before what it emits (room as for an emit: for itself and one emitted, from
+		// this change on).
+		o.changes = reserve(o.changes, 1, 2*(len(batch.Changes)-index))
 		mark := len(o.changes)
-		c := Change{out: o, raw: raw}
-		if err := t.Change(&c); err != nil {
+		o.changes = append(o.changes, raw)
+		if err := t.Change(c); err != nil {
 			var fail batchError
 			if errors.As(err, &fail) {
 				return types.Output{}, fail.err
@@ -246,11 +259,9 @@ func Run(t Transform, batch types.Batch) (types.Output, error) {
 			continue
 		}
 		if c.dropped {
+			o.changes = append(o.changes[:mark], o.changes[mark+1:]...)
 			continue
 		}
-		// Before what it emitted.
-		o.changes = append(o.changes, types.Change{})
-		copy(o.changes[mark+1:], o.changes[mark:])
 		o.changes[mark] = c.raw
 	}
 	return types.Output{
@@ -270,11 +281,8 @@ func check(b types.Batch) error {
 		if int(c.Table) >= len(b.Tables) {
 			return fmt.Errorf("change %d refers to table #%d of %d", i, c.Table, len(b.Tables))
 		}
-		spans := []types.Span{c.Key, c.Values}
-		if c.OldKey.IsSome() {
-			spans = append(spans, c.OldKey.Some())
-		}
-		for _, s := range spans {
+		old := c.OldKey.SomeOr(types.Span{})
+		for _, s := range [...]types.Span{c.Key, c.Values, old} {
 			if uint64(s.Start)+uint64(s.Len) > n {
 				return fmt.Errorf("change %d: span %d+%d runs past the %d values", i, s.Start, s.Len, n)
 			}

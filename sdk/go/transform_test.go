@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -82,7 +83,7 @@ func show(in types.Batch, o types.Output, c types.Change) string {
 		var parts []string
 		for _, w := range o.Values[s.Start : s.Start+s.Len] {
 			v := (&out{input: data, base: uint32(len(data))}).decode(w)
-			parts = append(parts, v.kind.String()+":"+v.String())
+			parts = append(parts, v.kind.String()+":"+Value{&v}.String())
 		}
 		return "[" + strings.Join(parts, " ") + "]"
 	}
@@ -352,8 +353,9 @@ func TestEmit(t *testing.T) {
 	if len(o.Tables) != 2 {
 		t.Errorf("%d tables", len(o.Tables))
 	}
-	// The email read from the batch kept its span: only the ops and LSNs are new.
-	if string(o.Data) != "insert0/7000028delete0/7000028" {
+	// The email read from the batch kept its span: only the ops and LSNs are new, and the
+	// LSN the second change repeats is written once.
+	if string(o.Data) != "insert0/7000028delete" {
 		t.Errorf("data %q", o.Data)
 	}
 }
@@ -583,4 +585,282 @@ func TestAReadTextTakesItsNewColumnsKindWithoutCopying(t *testing.T) {
 	if len(o.Data) != 0 {
 		t.Errorf("data %q", o.Data)
 	}
+}
+
+func TestEmitKeepsTheTableAsItWasAndLeavesNothingOnError(t *testing.T) {
+	audit := types.Table{Schema: "s", Name: "a", Columns: []types.Column{
+		{Name: "k", TypeOid: oidInt4, TypeModifier: -1, IsKey: true},
+		{Name: "n", TypeOid: oidInt2, TypeModifier: -1},
+	}}
+	b := newBuilder(users)
+	b.user(Insert, 1, "a@x")
+	b.user(Insert, 2, "b@x")
+	b.user(Insert, 3, "c@x")
+	o, lines := run(t, b, func(c *Change) error {
+		id, _ := c.GetInt("id")
+		if id == 2 {
+			// The second value does not fit: nothing of the row stays behind.
+			return c.Emit(Insert, audit, 7, 1<<20)
+		}
+		err := c.Emit(Insert, audit, id, id*10)
+		audit.Columns[1].Name = "renamed" // after the emit: its table keeps its shape
+		return err
+	})
+	want(t, lines,
+		"public.users insert key=[int4:1] row=[int4:1 text:a@x int8:7 json:[1] bytes:\\x01]",
+		"s.a insert key=[int4:1] row=[int4:1 int2:10]",
+		"public.users insert key=[int4:3] row=[int4:3 text:c@x int8:7 json:[1] bytes:\\x01]",
+		"s.a insert key=[int4:3] row=[int4:3 int2:30]",
+	)
+	if len(o.Values) != len(b.b.Values)+4 || len(o.Errors) != 1 || o.Errors[0].Index != 1 {
+		t.Errorf("%d values (input %d), errors %+v", len(o.Values), len(b.b.Values), o.Errors)
+	}
+	if len(o.Tables) != 3 || o.Tables[1].Columns[1].Name != "n" || o.Tables[2].Columns[1].Name != "renamed" {
+		t.Errorf("tables %+v", o.Tables)
+	}
+}
+
+func TestEmitManyAndNoneInOneBatch(t *testing.T) {
+	b := newBuilder(users)
+	for i := int32(1); i <= 300; i++ {
+		b.user(Insert, i, fmt.Sprint("u", i))
+	}
+	b.user(Truncate, 0, "")
+	var wantLines []string
+	o, lines := run(t, b, func(c *Change) error {
+		id, _ := c.Get("id")
+		n, _ := id.Int()
+		if c.Op() == Truncate {
+			wantLines = append(wantLines, "public.users truncate key=[] row=[]", "public.t truncate key=[] row=[]")
+			return c.Emit(Truncate, Table{Schema: "public", Name: "t", Columns: c.Shape().Columns}, Null, Null, Null, Null, Null)
+		}
+		email, _ := c.Get("email")
+		if n%5 == 0 {
+			c.Drop()
+		} else {
+			wantLines = append(wantLines, show(b.b, types.Output{Tables: []types.Table{users}, Values: b.b.Values}, b.b.Changes[n-1]))
+		}
+		for k := int64(0); k < n%3; k++ {
+			t := Table{Schema: "public", Name: "t", Columns: c.Shape().Columns}
+			wantLines = append(wantLines, fmt.Sprintf("public.t delete key=[int4:%d] row=[]", n),
+				fmt.Sprintf("public.t insert key=[int4:%d] row=[int4:%d text:u%d int8:%d json:[1] null:NULL]", n, n, n, k))
+			if err := c.Emit(Delete, t, id, nil, nil, nil, nil); err != nil {
+				return err
+			}
+			if err := c.Emit(Insert, t, id, email, k, JSON("[1]"), nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	want(t, lines, wantLines...)
+	if len(o.Tables) != 2 || len(o.Errors) != 0 {
+		t.Errorf("%d tables, errors %+v", len(o.Tables), o.Errors)
+	}
+	// A truncate's key and row are empty: nothing was added for it.
+	last := o.Changes[len(o.Changes)-1]
+	if last.Key.Len != 0 || last.Values.Len != 0 || int(last.Key.Start) != len(o.Values) {
+		t.Errorf("truncate %+v, %d values", last, len(o.Values))
+	}
+}
+
+func TestOneWideEmitGrowsTheListsBoundedly(t *testing.T) {
+	wide := types.Table{Schema: "s", Name: "wide"}
+	for i := range 40 {
+		wide.Columns = append(wide.Columns, types.Column{Name: fmt.Sprint("c", i), TypeOid: oidInt8, IsKey: i == 0})
+	}
+	b := newBuilder(users)
+	for i := int32(1); i <= 1000; i++ {
+		b.user(Insert, i, "x")
+	}
+	o, err := Run(fn(func(c *Change) error {
+		if c.Position().Ordinal != 1 {
+			return nil
+		}
+		return c.Emit(Insert, wide, make([]any, 40)...)
+	}), b.b)
+	if err != nil || len(o.Changes) != 1001 || len(o.Values) != len(b.b.Values)+40 {
+		t.Fatalf("%v: %d changes, %d values", err, len(o.Changes), len(o.Values))
+	}
+	// Room for a wide row from every change would be 40,000 values: at most doubled instead.
+	if cap(o.Values) > 2*len(b.b.Values) || cap(o.Changes) > 2*len(b.b.Changes) {
+		t.Errorf("capacity %d values, %d changes", cap(o.Values), cap(o.Changes))
+	}
+}
+
+func TestReadValuesAreWrittenBackAsTheyWere(t *testing.T) {
+	typed := types.Table{Schema: "s", Name: "t", Columns: []types.Column{
+		{Name: "f4", TypeOid: oidFloat4}, {Name: "u", TypeOid: oidUUID}, {Name: "ts", TypeOid: oidTimestampTZ},
+		{Name: "i4", TypeOid: oidInt4, IsKey: true}, {Name: "txt", TypeOid: oidText}, {Name: "j", TypeOid: oidJSON},
+		{Name: "bin", TypeOid: oidBytea}, {Name: "num", TypeOid: oidNumeric},
+	}}
+	b := newBuilder(typed)
+	row := []types.Value{types.MakeValueFloat4(1.5), types.MakeValueUuid(witTypes.Tuple2[uint64, uint64]{F0: 1, F1: 2}),
+		types.MakeValueTimestamptz(5), types.MakeValueInt4(300), b.text("[2]"), b.json("{}"), b.bytes("\x00"),
+		types.MakeValueNumeric(b.span("1.50"))}
+	b.change(0, Insert, 1, row[3:4], nil, row)
+	wide := typed
+	wide.Name, wide.Columns = "wide", slices.Clone(typed.Columns)
+	wide.Columns[3].TypeOid, wide.Columns[4].TypeOid = oidInt8, oidJSON
+	o, lines := run(t, b, func(c *Change) error {
+		var vals []any
+		for i := range 8 {
+			v, _ := c.Get(i)
+			vals = append(vals, v)
+		}
+		if err := c.Emit(Insert, c.Shape(), vals...); err != nil {
+			return err
+		}
+		return c.Emit(Insert, wide, vals...)
+	})
+	want(t, lines,
+		"s.t insert key=[int4:300] row=[float4:1.5 uuid:00000000-0000-0001-0000-000000000002 timestamptz:5 int4:300 text:[2] json:{} bytes:\\x00 numeric:1.50]",
+		"s.t insert key=[int4:300] row=[float4:1.5 uuid:00000000-0000-0001-0000-000000000002 timestamptz:5 int4:300 text:[2] json:{} bytes:\\x00 numeric:1.50]",
+		"s.wide insert key=[int8:300] row=[float4:1.5 uuid:00000000-0000-0001-0000-000000000002 timestamptz:5 int8:300 json:[2] json:{} bytes:\\x00 numeric:1.50]",
+	)
+	if !reflect.DeepEqual(o.Values[len(b.b.Values):len(b.b.Values)+8], row) {
+		t.Errorf("a value read and written back into the same shape is not the one read")
+	}
+	if len(o.Data) != 0 {
+		t.Errorf("data %q: nothing new was written", o.Data)
+	}
+}
+
+func TestValueRoundTrips(t *testing.T) {
+	if b, ok := Bytes([]byte("ab")).Bytes(); !ok || string(b) != "ab" {
+		t.Error(b, ok)
+	}
+	if f, ok := Float(-2.5).Float(); !ok || f != -2.5 {
+		t.Error(f, ok)
+	}
+	if hi, lo, ok := UUID(3, 4).UUID(); !ok || hi != 3 || lo != 4 {
+		t.Error(hi, lo, ok)
+	}
+	if n, ok := Date(-7).Temporal(); !ok || n != -7 {
+		t.Error(n, ok)
+	}
+	if oid, ok := Other(600, "(1,2)").OID(); !ok || oid != 600 || Other(600, "(1,2)").String() != "(1,2)" {
+		t.Error(oid, ok)
+	}
+	var zero Value
+	if !zero.IsNull() || zero.Kind() != KindNull || !Null.IsNull() || !Unchanged.IsUnchanged() ||
+		zero.String() != "NULL" || Bool(true).String() != "true" || Float(0.5).String() != "0.5" {
+		t.Error("zero, Null, Unchanged or String")
+	}
+	if _, ok := Text("x").Bytes(); ok {
+		t.Error("a text is not bytes")
+	}
+}
+
+// orders is an 8-column table like the ones go-split's benchmark splits.
+var orders = types.Table{Schema: "public", Name: "orders", Columns: []types.Column{
+	{Name: "id", TypeOid: oidInt8, TypeModifier: -1, IsKey: true},
+	{Name: "customer_id", TypeOid: oidInt4, TypeModifier: -1},
+	{Name: "status", TypeOid: oidText, TypeModifier: -1},
+	{Name: "total", TypeOid: oidNumeric, TypeModifier: -1},
+	{Name: "note", TypeOid: oidText, TypeModifier: -1},
+	{Name: "placed_at", TypeOid: oidTimestampTZ, TypeModifier: -1},
+	{Name: "tags", TypeOid: oidJSONB, TypeModifier: -1},
+	{Name: "rush", TypeOid: oidBool, TypeModifier: -1},
+}}
+
+// ordersBatch lays out n changes of orders (inserts, and updates whose note is unchanged),
+// a few transactions of 100 changes each.
+func ordersBatch(n int) types.Batch {
+	b := newBuilder(orders)
+	for i := 0; i < n; i++ {
+		op, note := Insert, b.text("leave at the door")
+		if i%2 == 1 {
+			op, note = Update, types.MakeValueUnchanged()
+		}
+		id := types.MakeValueInt8(int64(1000 + i))
+		row := []types.Value{id, types.MakeValueInt4(int32(i % 50)), b.text("shipped"),
+			types.MakeValueNumeric(b.span("49.95")), note, types.MakeValueTimestamptz(770000000000000),
+			b.json(`["gift"]`), types.MakeValueBoolean(i%3 == 0)}
+		b.change(0, op, uint32(i%100+1), []types.Value{id}, nil, row)
+		b.b.Changes[i].Position.LsnLow = 0x7000028 + uint64(i/100)*0x100
+	}
+	return b.b
+}
+
+// split is go-split's transform (guest-examples/go-split/main.go) with its sample's config.
+func split(table, audit string, columns []string) Func {
+	return Func(func(c *Change) error {
+		if !c.IsTable(table) {
+			return nil
+		}
+		t := Table{Schema: c.Schema(), Name: audit, Columns: []Column{
+			{Name: "change_lsn", TypeOid: 25, TypeModifier: -1, IsKey: true},
+			{Name: "change_ordinal", TypeOid: 20, TypeModifier: -1, IsKey: true},
+			{Name: "op", TypeOid: 25, TypeModifier: -1}}}
+		row, keys := []any{c.LSN(), c.Position().Ordinal, c.Op().String()}, c.KeyColumns()
+		for i, name := range append(keys, columns...) {
+			v, _ := c.Get(name)
+			if col, ok := c.Column(name); !ok {
+				return FailBatchf("%s.%s has no column `%s` to copy into %s", c.Schema(), c.Table(), name, audit)
+			} else if !col.IsKey || i < len(keys) {
+				col.IsKey, v = false, v.IfUnchanged(Null)
+				t.Columns, row = append(t.Columns, col), append(row, v)
+			}
+		}
+		return c.Emit(Insert, t, row...)
+	})
+}
+
+func TestSplit(t *testing.T) {
+	batch := ordersBatch(4)
+	o, err := Run(split("public.orders", "order_audit", []string{"status", "total", "note"}), batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []string
+	for _, c := range o.Changes {
+		lines = append(lines, show(batch, o, c))
+	}
+	row := func(id int, op, status, note string) string {
+		return fmt.Sprintf("public.order_audit insert key=[text:0/7000028 int8:%d] row=[text:0/7000028 "+
+			"int8:%d text:%s int8:%d text:%s numeric:49.95 %s]", id-999, id-999, op, id, status, note)
+	}
+	want(t, lines,
+		"public.orders insert key=[int8:1000] row=[int8:1000 int4:0 text:shipped numeric:49.95 "+
+			"text:leave at the door timestamptz:770000000000000 json:[\"gift\"] boolean:true]",
+		row(1000, "insert", "shipped", "text:leave at the door"),
+		"public.orders update key=[int8:1001] row=[int8:1001 int4:1 text:shipped numeric:49.95 "+
+			"unchanged:UNCHANGED timestamptz:770000000000000 json:[\"gift\"] boolean:false]",
+		row(1001, "update", "shipped", "null:NULL"),
+		"public.orders insert key=[int8:1002] row=[int8:1002 int4:2 text:shipped numeric:49.95 "+
+			"text:leave at the door timestamptz:770000000000000 json:[\"gift\"] boolean:false]",
+		row(1002, "insert", "shipped", "text:leave at the door"),
+		"public.orders update key=[int8:1003] row=[int8:1003 int4:3 text:shipped numeric:49.95 "+
+			"unchanged:UNCHANGED timestamptz:770000000000000 json:[\"gift\"] boolean:true]",
+		row(1003, "update", "shipped", "null:NULL"),
+	)
+	if len(o.Tables) != 2 || len(o.Errors) != 0 {
+		t.Errorf("%d tables, errors %+v", len(o.Tables), o.Errors)
+	}
+}
+
+// runBatches runs f over batch as the transform export does (which, in a component,
+// collects garbage first: see init), once per op, reporting allocations.
+func runBatches(b *testing.B, f Func, batch types.Batch) {
+	current = f
+	defer func() { current = nil }()
+	b.ReportAllocs()
+	for b.Loop() {
+		if r := transformExport(batch); r.IsErr() {
+			b.Fatal(r.Err())
+		}
+	}
+}
+
+// BenchmarkEmit runs go-split's transform over a batch of 1,000 changes of 8 columns: an
+// op is one batch (divide by 1,000 for a change).
+func BenchmarkEmit(b *testing.B) {
+	runBatches(b, split("public.orders", "order_audit", []string{"status", "total", "note"}), ordersBatch(1000))
+}
+
+// BenchmarkPassThrough runs a transform that reads one value of each change and changes
+// nothing, over the same batch.
+func BenchmarkPassThrough(b *testing.B) {
+	runBatches(b, func(c *Change) error { c.GetStr("status"); return nil }, ordersBatch(1000))
 }

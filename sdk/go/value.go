@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"unsafe"
 
 	types "zipline/transform/wit/zipline_transform_types"
 )
@@ -48,209 +49,262 @@ func (k Kind) String() string {
 // Value is a column value. Make one with Text, Int, Float, ... to write it; Change.Get reads
 // one. A value read from a batch and written back into the same batch (Set, Emit) keeps its
 // span: its bytes are not copied. The zero Value is Null.
-type Value struct {
+//
+// A Value is one pointer, to its immutable contents (for one read from a batch, in a block
+// the batch allocates once for many): passing it as an `any` (Set, Emit) allocates nothing.
+type Value struct{ p *cell }
+
+// cell is what a Value holds (72 bytes). It is never modified once made.
+type cell struct {
 	kind Kind
-	n    int64 // integers, dates, times, timestamps, a bool as 0 or 1
-	f    float64
-	s    string // text, numeric, json, other
-	b    []byte // bytes
-	u    [2]uint64
 	oid  uint32 // other's type OID
+	// Integers, dates, times, timestamps, a bool as 0 or 1, a float's bits
+	// (math.Float64bits), a uuid's high 8 bytes.
+	n  int64
+	lo uint64 // a uuid's low 8 bytes
+	// The text of a text, numeric, json or other value; the bytes of a bytea (see bytes).
+	s string
 	// The contract's value it was read from, and the batch it belongs to (0: none).
 	raw   types.Value
 	epoch uint64
 }
 
+func floatCell(kind Kind, f float64) cell { return cell{kind: kind, n: int64(math.Float64bits(f))} }
+
+func bytesCell(b []byte) cell {
+	return cell{kind: KindBytes, s: unsafe.String(unsafe.SliceData(b), len(b))}
+}
+
+func (c *cell) float() float64 { return math.Float64frombits(uint64(c.n)) }
+
+// bytes returns a bytea's bytes (do not modify them).
+func (c *cell) bytes() []byte { return unsafe.Slice(unsafe.StringData(c.s), len(c.s)) }
+
+var (
+	nullCell      = cell{kind: KindNull}
+	unchangedCell = cell{kind: KindUnchanged}
+	trueCell      = cell{kind: KindBool, n: 1}
+	falseCell     = cell{kind: KindBool}
+)
+
+// get returns v's contents (the zero Value's are NULL's). Do not modify them.
+func (v Value) get() *cell {
+	if v.p == nil {
+		return &nullCell
+	}
+	return v.p
+}
+
 // Null is SQL NULL.
-var Null = Value{kind: KindNull}
+var Null = Value{}
 
 // Unchanged is a large (TOASTed) value an update did not touch: the sink keeps what it has.
-var Unchanged = Value{kind: KindUnchanged}
+var Unchanged = Value{&unchangedCell}
 
 // Bool makes a boolean value.
 func Bool(b bool) Value {
-	v := Value{kind: KindBool}
 	if b {
-		v.n = 1
+		return Value{&trueCell}
 	}
-	return v
+	return Value{&falseCell}
 }
 
 // Int makes an integer, written at the width of the column it goes to (int2, int4, int8,
 // or a date, time or timestamp for those columns).
-func Int(n int64) Value { return Value{kind: KindInt8, n: n} }
+func Int(n int64) Value { return Value{&cell{kind: KindInt8, n: n}} }
 
 // Float makes a float, written as float4 into a real column, else as float8.
-func Float(f float64) Value { return Value{kind: KindFloat8, f: f} }
+func Float(f float64) Value {
+	c := floatCell(KindFloat8, f)
+	return Value{&c}
+}
 
 // Text makes a string. Written where the change holds a text, numeric, json or other value
 // it takes that kind; elsewhere the column type's (a uuid column parses it).
-func Text(s string) Value { return Value{kind: KindText, s: s} }
+func Text(s string) Value { return Value{&cell{kind: KindText, s: s}} }
 
 // Numeric makes a numeric from its decimal text.
-func Numeric(s string) Value { return Value{kind: KindNumeric, s: s} }
+func Numeric(s string) Value { return Value{&cell{kind: KindNumeric, s: s}} }
 
 // JSON makes a json value from its text.
-func JSON(s string) Value { return Value{kind: KindJSON, s: s} }
+func JSON(s string) Value { return Value{&cell{kind: KindJSON, s: s}} }
 
 // Bytes makes a bytea value.
-func Bytes(b []byte) Value { return Value{kind: KindBytes, b: b} }
+func Bytes(b []byte) Value {
+	c := bytesCell(b)
+	return Value{&c}
+}
 
 // Date makes a date: days since 1970-01-01.
-func Date(days int32) Value { return Value{kind: KindDate, n: int64(days)} }
+func Date(days int32) Value { return Value{&cell{kind: KindDate, n: int64(days)}} }
 
 // Time makes a time: microseconds since midnight.
-func Time(micros int64) Value { return Value{kind: KindTime, n: micros} }
+func Time(micros int64) Value { return Value{&cell{kind: KindTime, n: micros}} }
 
 // Timestamp makes a timestamp: microseconds since 2000-01-01 00:00:00.
-func Timestamp(micros int64) Value { return Value{kind: KindTimestamp, n: micros} }
+func Timestamp(micros int64) Value { return Value{&cell{kind: KindTimestamp, n: micros}} }
 
 // TimestampTZ makes a timestamptz: microseconds since 2000-01-01 00:00:00 UTC.
-func TimestampTZ(micros int64) Value { return Value{kind: KindTimestampTZ, n: micros} }
+func TimestampTZ(micros int64) Value { return Value{&cell{kind: KindTimestampTZ, n: micros}} }
 
 // UUID makes a uuid from its 16 bytes, big-endian: high and low 8 bytes.
-func UUID(hi, lo uint64) Value { return Value{kind: KindUUID, u: [2]uint64{hi, lo}} }
+func UUID(hi, lo uint64) Value { return Value{&cell{kind: KindUUID, n: int64(hi), lo: lo}} }
 
 // Other makes a value of a type the contract does not name: its type OID and text form.
-func Other(typeOid uint32, s string) Value { return Value{kind: KindOther, oid: typeOid, s: s} }
+func Other(typeOid uint32, s string) Value { return Value{&cell{kind: KindOther, oid: typeOid, s: s}} }
 
 // IfUnchanged returns fallback when v is Unchanged, else v: a change emitted as an insert
 // from an update has no old value for the sink to keep.
 func (v Value) IfUnchanged(fallback Value) Value {
-	if v.kind == KindUnchanged {
+	if v.get().kind == KindUnchanged {
 		return fallback
 	}
 	return v
 }
 
 // valueOf converts what Set and Emit take: a Value, or nil (NULL), a bool, a string, a
-// []byte, an integer or a float.
-func valueOf(x any) (Value, error) {
+// []byte, an integer or a float. A plain Go value is made in *tmp, which it returns.
+func valueOf(x any, tmp *cell) (*cell, error) {
 	switch x := x.(type) {
 	case Value:
-		return x, nil
+		return x.get(), nil
 	case nil:
-		return Null, nil
+		return &nullCell, nil
 	case bool:
-		return Bool(x), nil
+		return Bool(x).p, nil
 	case string:
-		return Text(x), nil
+		*tmp = cell{kind: KindText, s: x}
 	case []byte:
-		return Bytes(x), nil
+		*tmp = bytesCell(x)
 	case int:
-		return Int(int64(x)), nil
+		*tmp = cell{kind: KindInt8, n: int64(x)}
 	case int8:
-		return Int(int64(x)), nil
+		*tmp = cell{kind: KindInt8, n: int64(x)}
 	case int16:
-		return Int(int64(x)), nil
+		*tmp = cell{kind: KindInt8, n: int64(x)}
 	case int32:
-		return Int(int64(x)), nil
+		*tmp = cell{kind: KindInt8, n: int64(x)}
 	case int64:
-		return Int(x), nil
+		*tmp = cell{kind: KindInt8, n: x}
 	case uint8:
-		return Int(int64(x)), nil
+		*tmp = cell{kind: KindInt8, n: int64(x)}
 	case uint16:
-		return Int(int64(x)), nil
+		*tmp = cell{kind: KindInt8, n: int64(x)}
 	case uint32:
-		return Int(int64(x)), nil
+		*tmp = cell{kind: KindInt8, n: int64(x)}
 	case uint:
-		if uint64(x) <= math.MaxInt64 {
-			return Int(int64(x)), nil
+		if uint64(x) > math.MaxInt64 {
+			return nil, fmt.Errorf("%d does not fit a bigint", x)
 		}
+		*tmp = cell{kind: KindInt8, n: int64(x)}
 	case uint64:
-		if x <= math.MaxInt64 {
-			return Int(int64(x)), nil
+		if x > math.MaxInt64 {
+			return nil, fmt.Errorf("%d does not fit a bigint", x)
 		}
+		*tmp = cell{kind: KindInt8, n: int64(x)}
 	case float32:
-		return Value{kind: KindFloat4, f: float64(x)}, nil
+		*tmp = floatCell(KindFloat4, float64(x))
 	case float64:
-		return Float(x), nil
+		*tmp = floatCell(KindFloat8, x)
 	default:
-		return Value{}, fmt.Errorf("cannot write a %T", x)
+		return nil, fmt.Errorf("cannot write a %T", x)
 	}
-	return Value{}, fmt.Errorf("%v does not fit a bigint", x)
+	return tmp, nil
 }
 
 // Kind returns the value's variant.
-func (v Value) Kind() Kind { return v.kind }
+func (v Value) Kind() Kind { return v.get().kind }
 
 // IsNull reports whether v is SQL NULL.
-func (v Value) IsNull() bool { return v.kind == KindNull }
+func (v Value) IsNull() bool { return v.get().kind == KindNull }
 
 // IsUnchanged reports whether v is a TOASTed value the update did not touch.
-func (v Value) IsUnchanged() bool { return v.kind == KindUnchanged }
+func (v Value) IsUnchanged() bool { return v.get().kind == KindUnchanged }
 
 // Str returns the text of a text, numeric, json or other value.
 func (v Value) Str() (string, bool) {
-	switch v.kind {
+	c := v.get()
+	switch c.kind {
 	case KindText, KindNumeric, KindJSON, KindOther:
-		return v.s, true
+		return c.s, true
 	}
 	return "", false
 }
 
 // Int returns an integer of any width.
 func (v Value) Int() (int64, bool) {
-	switch v.kind {
+	c := v.get()
+	switch c.kind {
 	case KindInt2, KindInt4, KindInt8:
-		return v.n, true
+		return c.n, true
 	}
 	return 0, false
 }
 
 // Float returns a float, or an integer as a float.
 func (v Value) Float() (float64, bool) {
-	switch v.kind {
+	c := v.get()
+	switch c.kind {
 	case KindFloat4, KindFloat8:
-		return v.f, true
+		return c.float(), true
 	case KindInt2, KindInt4, KindInt8:
-		return float64(v.n), true
+		return float64(c.n), true
 	}
 	return 0, false
 }
 
 // Bool returns a boolean.
-func (v Value) Bool() (bool, bool) { return v.n != 0, v.kind == KindBool }
+func (v Value) Bool() (bool, bool) { c := v.get(); return c.n != 0, c.kind == KindBool }
 
 // Bytes returns the bytes of a bytea value (do not modify them).
-func (v Value) Bytes() ([]byte, bool) { return v.b, v.kind == KindBytes }
+func (v Value) Bytes() ([]byte, bool) {
+	if c := v.get(); c.kind == KindBytes {
+		return c.bytes(), true
+	}
+	return nil, false
+}
 
 // Temporal returns a date (days since 1970-01-01), time (microseconds since midnight) or
 // timestamp (microseconds since 2000-01-01) as the contract counts it.
 func (v Value) Temporal() (int64, bool) {
-	switch v.kind {
+	c := v.get()
+	switch c.kind {
 	case KindDate, KindTime, KindTimestamp, KindTimestampTZ:
-		return v.n, true
+		return c.n, true
 	}
 	return 0, false
 }
 
 // UUID returns a uuid's high and low 8 bytes.
-func (v Value) UUID() (hi, lo uint64, ok bool) { return v.u[0], v.u[1], v.kind == KindUUID }
+func (v Value) UUID() (hi, lo uint64, ok bool) {
+	c := v.get()
+	return uint64(c.n), c.lo, c.kind == KindUUID
+}
 
 // OID returns the type OID of an other-typed value.
-func (v Value) OID() (uint32, bool) { return v.oid, v.kind == KindOther }
+func (v Value) OID() (uint32, bool) { c := v.get(); return c.oid, c.kind == KindOther }
 
 // String returns a readable form: the text of a text-like value, a UUID as
 // xxxxxxxx-xxxx-..., a number in decimal, NULL, UNCHANGED.
 func (v Value) String() string {
-	switch v.kind {
+	c := v.get()
+	switch c.kind {
 	case KindNull:
 		return "NULL"
 	case KindUnchanged:
 		return "UNCHANGED"
 	case KindBool:
-		return strconv.FormatBool(v.n != 0)
+		return strconv.FormatBool(c.n != 0)
 	case KindFloat4, KindFloat8:
-		return strconv.FormatFloat(v.f, 'g', -1, 64)
+		return strconv.FormatFloat(c.float(), 'g', -1, 64)
 	case KindBytes:
-		return fmt.Sprintf("\\x%x", v.b)
+		return fmt.Sprintf("\\x%x", c.bytes())
 	case KindUUID:
-		return uuidText(v.u[0], v.u[1])
+		return uuidText(uint64(c.n), c.lo)
 	case KindText, KindNumeric, KindJSON, KindOther:
-		return v.s
+		return c.s
 	}
-	return strconv.FormatInt(v.n, 10)
+	return strconv.FormatInt(c.n, 10)
 }
 
 func uuidText(hi, lo uint64) string {
