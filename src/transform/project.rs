@@ -89,8 +89,8 @@ pub fn source_file(language: Language) -> &'static str {
     }
 }
 
-/// Why a project could not be written. Nothing is left behind on error but what was already
-/// written into the new directory (which did not exist before).
+/// Why a project could not be written. Nothing is left behind: a directory this call made is
+/// removed again when writing into it fails.
 #[derive(Debug, thiserror::Error)]
 pub enum ProjectError {
     /// The name cannot serve as a directory, package and module name in every language.
@@ -127,10 +127,6 @@ struct File {
 /// scripts (`*.sh`) are made executable.
 pub fn create(language: Language, name: &str, dir: &Path) -> Result<Vec<String>, ProjectError> {
     check_name(name)?;
-    let write_err = |path: &Path| {
-        let path = path.to_owned();
-        move |source| ProjectError::Write { path, source }
-    };
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         fs::create_dir_all(parent).map_err(write_err(parent))?;
     }
@@ -139,6 +135,22 @@ pub fn create(language: Language, name: &str, dir: &Path) -> Result<Vec<String>,
         io::ErrorKind::AlreadyExists => ProjectError::Exists(dir.to_owned()),
         _ => write_err(dir)(e),
     })?;
+    let written = write_files(language, name, dir);
+    if written.is_err() {
+        // Only what this call wrote: the directory did not exist before.
+        let _ = fs::remove_dir_all(dir);
+    }
+    written
+}
+
+/// A write error about `path`.
+fn write_err(path: &Path) -> impl FnOnce(io::Error) -> ProjectError {
+    let path = path.to_owned();
+    move |source| ProjectError::Write { path, source }
+}
+
+/// The project's files, written into the new directory `dir`.
+fn write_files(language: Language, name: &str, dir: &Path) -> Result<Vec<String>, ProjectError> {
     let templated = files::COMMON_TEMPLATE
         .iter()
         .chain(language.template())
