@@ -15,6 +15,8 @@
 //! [`sink::SinkConnector`] (open, check, claim, lanes), a [`sink::CheckpointStore`] and,
 //! if it can take an initial snapshot, a [`sink::SnapshotTarget`].
 
+#[cfg(feature = "bench")]
+pub mod bench;
 pub mod change;
 pub mod checkpoint;
 pub mod config;

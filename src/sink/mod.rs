@@ -11,6 +11,8 @@ use std::sync::Arc;
 use crate::change::{Change, Position, Table};
 use crate::error::{Cause, Classify, ErrorClass};
 
+#[cfg(feature = "bench")]
+pub(crate) mod bench;
 mod coalesce;
 pub mod lifecycle;
 pub mod mysql;

@@ -27,6 +27,8 @@
 
 use super::coalesce;
 mod array;
+#[cfg(feature = "bench")]
+pub(crate) mod bench;
 mod checkpoint;
 mod ddl;
 mod dead_letter;

@@ -228,6 +228,15 @@ impl<'a> Param<'a> {
         }
     }
 
+    /// The type OID it is sent as: the wire type's, or its array's.
+    #[cfg(feature = "bench")]
+    pub(super) fn type_oid(&self) -> u32 {
+        match self.source {
+            Source::One(_) => self.wire.oid(),
+            Source::Rows(..) | Source::Keys(..) => self.wire.array_oid(),
+        }
+    }
+
     pub(super) fn len(&self) -> usize {
         match self.source {
             Source::Rows(rows, _) => rows.len(),

@@ -39,6 +39,8 @@
 //! The initial snapshot's bulk path (`COPY` into the target tables) and the snapshot state
 //! table are in `snapshot.rs`.
 
+#[cfg(feature = "bench")]
+pub(crate) mod bench;
 mod bulk;
 mod checkpoint;
 mod copy;

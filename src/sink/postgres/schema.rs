@@ -81,7 +81,7 @@ impl SinkTable {
         CopyType::for_cast(&c.cast)
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "bench"))]
     pub(super) fn for_tests(target: &str, cols: &[(&str, &str)]) -> SinkTable {
         SinkTable {
             target: target.to_owned(),

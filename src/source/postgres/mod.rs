@@ -6,6 +6,8 @@
 //! `snapshot: never`). The slot's confirmed flush position only ever moves to the durable
 //! frontier reported by the lanes' ack tracker.
 
+#[cfg(feature = "bench")]
+pub(crate) mod bench;
 mod conn;
 mod lifecycle;
 mod monitor;

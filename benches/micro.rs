@@ -1,0 +1,340 @@
+//! Micro-benchmarks of the hot paths every change takes, on in-memory data, so a change to one
+//! of them shows its gain or loss apart from the servers' noise:
+//! - `decode`: pgoutput row messages into [`Change`]s (the source's share);
+//! - `route`: the key hash choosing each change's lane;
+//! - `handoff`: the dispatcher taking transactions from the source's channel and handing them to
+//!   four lane queues, the lanes taking them and acking, the frontier following;
+//! - `coalesce`: a lane batch to the last effect per key;
+//! - `mysql_statements`, `postgres_statements`: the sinks' statements of a lane batch, built and
+//!   (PostgreSQL) encoded as sent.
+//!
+//! Every benchmark works on the same 1,000 changes, the backlog benchmarks' mix on their
+//! `items` table (`benches/common_backlog`): transactions of 100 changes, 60 inserts, 30
+//! updates and 10 deletes, updates and deletes on rows the sink already holds. Times are per
+//! batch of 1,000; divan also prints changes per second.
+//!
+//! `cargo bench --features bench --bench micro` (the `bench` feature opens `zipline::bench`,
+//! the crate-private entry points; divan's own options follow `--`, e.g. `-- decode`).
+
+use std::sync::{Arc, LazyLock};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use divan::counter::ItemsCount;
+use divan::{Bencher, black_box};
+use tokio::sync::{mpsc, watch};
+
+use zipline::bench::{self, PgoutputDecoder};
+use zipline::change::{Change, Lsn, Position};
+use zipline::lane::{Ack, LaneReceiver, Router, lane_of, queue};
+use zipline::runtime::{Dispatcher, RouteStage, Tables};
+use zipline::source::emitter::{Emitter, channel};
+use zipline::source::{Event, SourceStats, StopMode};
+
+fn main() {
+    divan::main();
+}
+
+const CHANGES: usize = 1_000;
+const PER_TX: usize = 100;
+const REL_ID: u32 = 16_384;
+/// Rows the sink holds before the batch: updates and deletes pick among them.
+const HELD: u64 = 100_000;
+
+/// `items` as in the backlog benchmarks: (name, type OID, type modifier, key).
+const COLUMNS: [(&str, u32, i32, bool); 5] = [
+    ("id", 20, -1, true),
+    ("name", 25, -1, false),
+    ("qty", 23, -1, false),
+    ("price", 1700, (12 << 16 | 2) + 4, false),
+    ("updated_at", 1184, -1, false),
+];
+
+/// The sink table's columns and their cast types, for the PostgreSQL sink.
+const SINK_COLUMNS: [(&str, &str); 5] = [
+    ("id", "bigint"),
+    ("name", "text"),
+    ("qty", "integer"),
+    ("price", "numeric"),
+    ("updated_at", "timestamptz"),
+];
+
+fn relation_message() -> Bytes {
+    let mut m = BytesMut::new();
+    m.put_u8(b'R');
+    m.put_u32(REL_ID);
+    m.put_slice(b"public\0items\0");
+    m.put_u8(b'd');
+    m.put_i16(COLUMNS.len() as i16);
+    for (name, oid, typmod, key) in COLUMNS {
+        m.put_u8(u8::from(key));
+        m.put_slice(name.as_bytes());
+        m.put_u8(0);
+        m.put_u32(oid);
+        m.put_i32(typmod);
+    }
+    m.freeze()
+}
+
+fn put_text(m: &mut BytesMut, text: &str) {
+    m.put_u8(b't');
+    m.put_i32(text.len() as i32);
+    m.put_slice(text.as_bytes());
+}
+
+/// A whole row in text format, as pgoutput sends it.
+fn put_row(m: &mut BytesMut, id: u64, rng: &mut u64) {
+    m.put_i16(COLUMNS.len() as i16);
+    put_text(m, &id.to_string());
+    put_text(m, &format!("item-{id}-{}", next(rng) % 1000));
+    put_text(m, &(next(rng) % 10_000).to_string());
+    put_text(
+        m,
+        &format!("{}.{:02}", next(rng) % 100_000, next(rng) % 100),
+    );
+    let secs = next(rng) % 86_400;
+    put_text(
+        m,
+        &format!(
+            "2024-01-01 {:02}:{:02}:{:02}.{:06}+00",
+            secs / 3600,
+            secs / 60 % 60,
+            secs % 60,
+            next(rng) % 1_000_000
+        ),
+    );
+}
+
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+/// The batch's row messages, in order: per 100, 60 inserts of new rows, 30 updates and 10
+/// deletes of rows the sink holds.
+fn row_messages() -> Vec<Bytes> {
+    let mut rng = 0x5EED_2210_4471_u64;
+    let mut next_id = HELD + 1;
+    (0..CHANGES)
+        .map(|i| {
+            let mut m = BytesMut::new();
+            match i % PER_TX {
+                0..60 => {
+                    m.put_u8(b'I');
+                    m.put_u32(REL_ID);
+                    m.put_u8(b'N');
+                    put_row(&mut m, next_id, &mut rng);
+                    next_id += 1;
+                }
+                60..90 => {
+                    m.put_u8(b'U');
+                    m.put_u32(REL_ID);
+                    m.put_u8(b'N');
+                    let id = 1 + next(&mut rng) % HELD;
+                    put_row(&mut m, id, &mut rng);
+                }
+                _ => {
+                    m.put_u8(b'D');
+                    m.put_u32(REL_ID);
+                    m.put_u8(b'K');
+                    m.put_i16(COLUMNS.len() as i16);
+                    put_text(&mut m, &(1 + next(&mut rng) % HELD).to_string());
+                    for _ in 1..COLUMNS.len() {
+                        m.put_u8(b'n');
+                    }
+                }
+            }
+            m.freeze()
+        })
+        .collect()
+}
+
+struct Batch {
+    decoder: PgoutputDecoder,
+    messages: Vec<Bytes>,
+    changes: Vec<Change>,
+    shared: Vec<Arc<Change>>,
+}
+
+fn position(i: usize) -> Position {
+    let tx = (i / PER_TX) as u64;
+    Position::new(Lsn::from(0x1000 + tx * 0x100), (i % PER_TX) as u32 + 1)
+}
+
+static BATCH: LazyLock<Batch> = LazyLock::new(|| {
+    let mut decoder = PgoutputDecoder::default();
+    decoder.relation(relation_message()).expect("relation");
+    let messages = row_messages();
+    let changes: Vec<Change> = messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| decoder.change(m.clone(), position(i)).expect("row"))
+        .collect();
+    let shared = changes.iter().cloned().map(Arc::new).collect();
+    Batch {
+        decoder,
+        messages,
+        changes,
+        shared,
+    }
+});
+
+#[divan::bench]
+fn decode(bencher: Bencher) {
+    let batch = &*BATCH;
+    bencher.counter(ItemsCount::new(CHANGES)).bench(|| {
+        for (i, m) in batch.messages.iter().enumerate() {
+            let change = batch.decoder.change(m.clone(), position(i));
+            black_box(change.expect("row"));
+        }
+    });
+}
+
+#[divan::bench]
+fn route(bencher: Bencher) {
+    let batch = &*BATCH;
+    bencher.counter(ItemsCount::new(CHANGES)).bench(|| {
+        let mut lanes = [0u32; 4];
+        for c in &batch.changes {
+            lanes[lane_of(&c.table.schema, &c.table.name, &c.key, 4) as usize] += 1;
+        }
+        black_box(lanes)
+    });
+}
+
+#[divan::bench]
+fn coalesce(bencher: Bencher) {
+    let batch = &*BATCH;
+    bencher
+        .counter(ItemsCount::new(CHANGES))
+        .bench(|| black_box(bench::coalesced(&batch.shared).expect("coalesced")));
+}
+
+#[divan::bench]
+fn mysql_statements(bencher: Bencher) {
+    let batch = &*BATCH;
+    let mut buf = String::new();
+    bencher.counter(ItemsCount::new(CHANGES)).bench_local(|| {
+        buf.clear();
+        black_box(bench::mysql::statements(&batch.shared, &mut buf).expect("statements"));
+    });
+}
+
+#[divan::bench]
+fn postgres_statements(bencher: Bencher) {
+    let batch = &*BATCH;
+    let mut out = BytesMut::new();
+    bencher.counter(ItemsCount::new(CHANGES)).bench_local(|| {
+        out.clear();
+        let n = bench::postgres::statements(&batch.shared, &SINK_COLUMNS, &mut out);
+        black_box(n.expect("statements"));
+    });
+}
+
+/// A dispatcher over four lanes, run on a single-threaded runtime so the time measured is the
+/// work of handing changes over, not of threads waking each other.
+struct Handoff {
+    runtime: tokio::runtime::Runtime,
+    emitter: Emitter,
+    lanes: Vec<LaneReceiver>,
+    acks: mpsc::UnboundedSender<Ack>,
+    _stop: watch::Sender<StopMode>,
+}
+
+impl Handoff {
+    fn start() -> Handoff {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let (senders, lanes): (Vec<_>, Vec<_>) = (0..4).map(|_| queue(CHANGES)).unzip();
+        let (emitter, events, frontier) = channel(2, Lsn(0));
+        let (acks, ack_rx) = mpsc::unbounded_channel();
+        let (stop, stop_rx) = watch::channel(StopMode::Run);
+        let route = RouteStage {
+            name: "route 1".into(),
+            tables: Tables::All,
+            transform: None,
+            sinks: vec![0],
+        };
+        let dispatcher = Dispatcher::new(
+            vec![route],
+            vec![Router::new(senders)],
+            events,
+            ack_rx,
+            frontier,
+            stop_rx,
+            Arc::new(SourceStats::default()),
+        );
+        runtime.spawn(dispatcher.run());
+        Handoff {
+            runtime,
+            emitter,
+            lanes,
+            acks,
+            _stop: stop,
+        }
+    }
+
+    /// Emits the events, then takes every change off the lanes, acking each lane's take.
+    fn pass(&mut self, events: Vec<Event>, changes: usize) {
+        let Handoff {
+            runtime,
+            emitter,
+            lanes,
+            acks,
+            ..
+        } = self;
+        runtime.block_on(async {
+            for e in events {
+                emitter.push(e);
+            }
+            emitter.flush().await.expect("the dispatcher takes events");
+            let mut taken = 0;
+            while taken < changes {
+                for lane in lanes.iter_mut() {
+                    let mut ack = Ack::default();
+                    while let Ok(q) = lane.try_recv() {
+                        ack.add(q.change.position.lsn, 1);
+                        taken += 1;
+                    }
+                    if !ack.is_empty() {
+                        acks.send(ack).expect("the dispatcher takes acks");
+                    }
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+    }
+}
+
+#[divan::bench]
+fn handoff(bencher: Bencher) {
+    let batch = &*BATCH;
+    let mut handoff = Handoff::start();
+    let mut round = 0u64;
+    bencher
+        .counter(ItemsCount::new(CHANGES))
+        .with_inputs(|| {
+            // Every round commits later than the last, as a source's transactions do.
+            round += 1;
+            let mut events = Vec::with_capacity(CHANGES + 2 * CHANGES / PER_TX);
+            for (t, tx) in batch.changes.chunks(PER_TX).enumerate() {
+                let lsn = Lsn::from(round << 32 | (t as u64) << 8);
+                events.push(Event::Begin {
+                    commit_lsn: lsn,
+                    commit_time: 0,
+                });
+                events.extend(tx.iter().map(|c| {
+                    let mut c = c.clone();
+                    c.position.lsn = lsn;
+                    Event::Change(c)
+                }));
+                events.push(Event::Commit {
+                    end_lsn: Lsn(lsn.0 + 1),
+                });
+            }
+            events
+        })
+        .bench_local_values(|events| handoff.pass(events, CHANGES));
+}
