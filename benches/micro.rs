@@ -30,6 +30,11 @@ use zipline::runtime::{Dispatcher, RouteStage, Tables};
 use zipline::source::emitter::{Emitter, channel};
 use zipline::source::{Event, SourceStats, StopMode};
 
+// The allocator the `zipline` binary runs with (`src/main.rs`): allocation is a large share of
+// these paths, and glibc's costs differ.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     divan::main();
 }
