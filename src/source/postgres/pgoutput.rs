@@ -80,7 +80,7 @@ pub(crate) enum PgOutput {
         /// Relation id, as in the preceding Relation message.
         rel_id: u32,
         /// The row.
-        new: Vec<TupleValue>,
+        new: Tuple,
     },
     /// A changed row.
     Update {
@@ -91,7 +91,7 @@ pub(crate) enum PgOutput {
         /// The old key or old row, when the replica identity requires sending it.
         old: Option<OldTuple>,
         /// The new row; unchanged TOASTed columns are [`TupleValue::Unchanged`].
-        new: Vec<TupleValue>,
+        new: Tuple,
     },
     /// A removed row.
     Delete {
@@ -185,32 +185,107 @@ pub(crate) enum ReplicaIdentity {
     Index,
 }
 
-/// One column value in a TupleData.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum TupleValue {
+/// One column value in a TupleData, borrowed from the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TupleValue<'a> {
     /// SQL NULL.
     Null,
     /// A TOASTed value the change did not touch; its value is not sent.
     Unchanged,
     /// Text output format.
-    Text(Bytes),
+    Text(&'a [u8]),
     /// Binary format (only with the `binary` option, which Zipline does not use).
-    Binary(Bytes),
+    Binary(&'a [u8]),
+}
+
+/// A TupleData, left in place in its message: checked whole when the message is decoded, its
+/// values read when the change is built. One handle on the message per tuple, where a handle
+/// per value would take and drop an atomic reference count for every column.
+#[derive(Clone)]
+pub(crate) struct Tuple {
+    /// The message; the tuple's values start at `start`.
+    buf: Bytes,
+    start: usize,
+    columns: usize,
+}
+
+impl Tuple {
+    /// Number of columns.
+    pub(crate) fn len(&self) -> usize {
+        self.columns
+    }
+
+    /// The values in column order.
+    pub(crate) fn values(&self) -> TupleValues<'_> {
+        TupleValues {
+            rest: &self.buf[self.start..],
+            left: self.columns,
+        }
+    }
+}
+
+impl PartialEq for Tuple {
+    fn eq(&self, other: &Self) -> bool {
+        self.columns == other.columns && self.values().eq(other.values())
+    }
+}
+
+impl std::fmt::Debug for Tuple {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.values()).finish()
+    }
+}
+
+/// The values of a [`Tuple`], in column order.
+#[derive(Debug, Clone)]
+pub(crate) struct TupleValues<'a> {
+    rest: &'a [u8],
+    left: usize,
+}
+
+impl<'a> Iterator for TupleValues<'a> {
+    type Item = TupleValue<'a>;
+
+    fn next(&mut self) -> Option<TupleValue<'a>> {
+        // The layout was checked by `Reader::tuple`, so only a bug could end this early.
+        self.left = self.left.checked_sub(1)?;
+        let (&kind, rest) = self.rest.split_first()?;
+        let value = match kind {
+            b'n' => TupleValue::Null,
+            b'u' => TupleValue::Unchanged,
+            _ => {
+                let (len, rest) = rest.split_first_chunk::<4>()?;
+                let (value, rest) = rest.split_at_checked(u32::from_be_bytes(*len) as usize)?;
+                self.rest = rest;
+                return Some(if kind == b't' {
+                    TupleValue::Text(value)
+                } else {
+                    TupleValue::Binary(value)
+                });
+            }
+        };
+        self.rest = rest;
+        Some(value)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.left))
+    }
 }
 
 /// The old values carried by an update or delete.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum OldTuple {
     /// `K`: the old replica identity key; every other column is null.
-    Key(Vec<TupleValue>),
+    Key(Tuple),
     /// `O`: the whole old row (`REPLICA IDENTITY FULL`).
-    Full(Vec<TupleValue>),
+    Full(Tuple),
 }
 
 impl OldTuple {
-    fn values(&self) -> &[TupleValue] {
+    fn tuple(&self) -> &Tuple {
         match self {
-            OldTuple::Key(v) | OldTuple::Full(v) => v,
+            OldTuple::Key(t) | OldTuple::Full(t) => t,
         }
     }
 }
@@ -518,8 +593,33 @@ pub(super) mod tests {
         decode(wire(parts), in_stream).expect_err("decoded")
     }
 
-    fn text(s: &str) -> TupleValue {
-        TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
+    fn text(s: &str) -> TupleValue<'_> {
+        TupleValue::Text(s.as_bytes())
+    }
+
+    /// A tuple of these values, as a message would carry it.
+    fn tuple(values: &[TupleValue<'_>]) -> Tuple {
+        let mut buf = Vec::new();
+        for v in values {
+            match v {
+                TupleValue::Null => buf.push(b'n'),
+                TupleValue::Unchanged => buf.push(b'u'),
+                TupleValue::Text(b) | TupleValue::Binary(b) => {
+                    buf.push(if matches!(v, TupleValue::Text(_)) {
+                        b't'
+                    } else {
+                        b'b'
+                    });
+                    buf.extend_from_slice(&(b.len() as u32).to_be_bytes());
+                    buf.extend_from_slice(b);
+                }
+            }
+        }
+        Tuple {
+            buf: buf.into(),
+            start: 0,
+            columns: values.len(),
+        }
     }
 
     fn col(name: &str, type_oid: u32, type_modifier: i32, is_key: bool) -> Column {
@@ -606,7 +706,7 @@ pub(super) mod tests {
             &[B(b'I'), W(16_384), B(b'N'), T(&[Some("1"), None, U])],
             false,
         );
-        let new = vec![text("1"), TupleValue::Null, TupleValue::Unchanged];
+        let new = tuple(&[text("1"), TupleValue::Null, TupleValue::Unchanged]);
         assert_eq!(
             insert,
             PgOutput::Insert {
@@ -629,7 +729,7 @@ pub(super) mod tests {
             ],
             false,
         );
-        let new = vec![TupleValue::Binary(Bytes::from_static(&[0xde, 0xad]))];
+        let new = tuple(&[TupleValue::Binary(&[0xde, 0xad])]);
         assert_eq!(
             binary,
             PgOutput::Insert {
@@ -640,7 +740,7 @@ pub(super) mod tests {
         );
 
         let update = ok(&[B(b'U'), W(7), W(1), B(b'N'), T(&[Some("a")])], true);
-        let new = vec![text("a")];
+        let new = tuple(&[text("a")]);
         assert_eq!(
             update,
             PgOutput::Update {
@@ -651,14 +751,14 @@ pub(super) mod tests {
             }
         );
 
-        type Wrap = fn(Vec<TupleValue>) -> OldTuple;
+        type Wrap = fn(Tuple) -> OldTuple;
         for (marker, wrap) in [
             (b'K', OldTuple::Key as Wrap),
             (b'O', OldTuple::Full as Wrap),
         ] {
             let old_new = [T(&[Some("old")]), B(b'N'), T(&[Some("new")])];
             let update = ok(&[&[B(b'U'), W(1), B(marker)][..], &old_new].concat(), false);
-            let (old, new) = (Some(wrap(vec![text("old")])), vec![text("new")]);
+            let (old, new) = (Some(wrap(tuple(&[text("old")]))), tuple(&[text("new")]));
             assert_eq!(
                 update,
                 PgOutput::Update {
@@ -670,7 +770,7 @@ pub(super) mod tests {
             );
 
             let delete = ok(&[B(b'D'), W(1), B(marker), T(&[Some("x"), None])], false);
-            let old = wrap(vec![text("x"), TupleValue::Null]);
+            let old = wrap(tuple(&[text("x"), TupleValue::Null]));
             assert_eq!(
                 delete,
                 PgOutput::Delete {

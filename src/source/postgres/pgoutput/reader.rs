@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 
-use super::{OldTuple, TupleValue};
+use super::{OldTuple, Tuple};
 use crate::change::Lsn;
 use crate::error::{Classify, ErrorClass};
 
@@ -178,26 +178,30 @@ impl Reader {
         in_stream.then(|| self.u32("xid")).transpose()
     }
 
-    pub(super) fn tuple(&mut self) -> Result<Vec<TupleValue>, DecodeError> {
-        let n = self.count("column count", 2)?;
-        let mut values = Vec::with_capacity(n);
-        for _ in 0..n {
+    /// A TupleData, checked whole and left in place (see [`Tuple`]).
+    pub(super) fn tuple(&mut self) -> Result<Tuple, DecodeError> {
+        let columns = self.count("column count", 2)?;
+        let start = self.pos;
+        for _ in 0..columns {
             let at = self.pos;
-            values.push(match self.u8("column kind")? {
-                b'n' => TupleValue::Null,
-                b'u' => TupleValue::Unchanged,
+            match self.u8("column kind")? {
+                b'n' | b'u' => {}
                 b't' => {
                     let len = self.count("text value length", 4)?;
-                    TupleValue::Text(self.take(len, "text value")?)
+                    self.advance(len, "text value")?;
                 }
                 b'b' => {
                     let len = self.count("binary value length", 4)?;
-                    TupleValue::Binary(self.take(len, "binary value")?)
+                    self.advance(len, "binary value")?;
                 }
                 kind => return Err(self.invalid(at, "column kind", kind)),
-            });
+            }
         }
-        Ok(values)
+        Ok(Tuple {
+            buf: self.buf.clone(),
+            start,
+            columns,
+        })
     }
 
     /// A tuple introduced by its one-byte marker, which must be one of `allowed`.

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::{OldTuple, PgOutput, RelationBody, ReplicaIdentity, TupleValue};
+use super::{OldTuple, PgOutput, RelationBody, ReplicaIdentity, Tuple, TupleValue};
 use crate::change::{Change, Op, Position, Table, Value};
 
 use crate::source::postgres::types::{self, TypeError};
@@ -148,7 +148,8 @@ pub(crate) type Known = HashMap<(String, String), (u32, Table)>;
 /// what the pipeline applied before, to compare new connections' Relation messages with.
 #[derive(Debug, Default)]
 pub(crate) struct Relations {
-    tables: HashMap<u32, Arc<Table>>,
+    /// Looked up for every row message: foldhash costs a fraction of std's SipHash.
+    tables: HashMap<u32, Arc<Table>, foldhash::fast::RandomState>,
     keys: KeyHints,
     known: Known,
     /// The relation id each table name arrived under in this run.
@@ -160,7 +161,7 @@ impl Relations {
     /// `known`.
     pub(crate) fn new(keys: KeyHints, known: Known) -> Self {
         Relations {
-            tables: HashMap::new(),
+            tables: HashMap::default(),
             keys,
             known,
             names: HashMap::new(),
@@ -298,7 +299,7 @@ impl Relations {
             } => (Op::Update, rel_id, old, new),
             PgOutput::Delete { rel_id, old, .. } => {
                 let table = self.keyed_table(rel_id)?;
-                let key = key_of(table, &parse_row(table, "old", old.values())?)?;
+                let key = key_of(table, &parse_row(table, "old", old.tuple())?)?;
                 return Ok(change(table, Op::Delete, key, None, Vec::new()));
             }
             other => return Err(ChangeError::NotARowMessage(other.name())),
@@ -309,7 +310,7 @@ impl Relations {
             let key = key_of(table, &values)?;
             return Ok(change(table, op, key, None, values));
         };
-        let old_values = parse_row(table, "old", old.values())?;
+        let old_values = parse_row(table, "old", old.tuple())?;
         // A key-only old tuple has nulls, not values, outside the key.
         let old_is_full = matches!(old, OldTuple::Full(_));
         for ((v, old), column) in values.iter_mut().zip(&old_values).zip(&table.columns) {
@@ -384,11 +385,7 @@ fn key_of(table: &Table, row: &[Value]) -> Result<Vec<Value>, ChangeError> {
 }
 
 /// Parses a tuple's values by the table's column types.
-fn parse_row(
-    table: &Table,
-    tuple: &'static str,
-    raw: &[TupleValue],
-) -> Result<Vec<Value>, ChangeError> {
+fn parse_row(table: &Table, tuple: &'static str, raw: &Tuple) -> Result<Vec<Value>, ChangeError> {
     if raw.len() != table.columns.len() {
         return Err(ChangeError::ColumnCount {
             table: table.qualified_name(),
@@ -397,7 +394,7 @@ fn parse_row(
             found: raw.len(),
         });
     }
-    raw.iter()
+    raw.values()
         .zip(&table.columns)
         .map(|(v, col)| match v {
             TupleValue::Null => Ok(Value::Null),
