@@ -68,19 +68,43 @@ fn hash_timestamp(h: &mut Fnv, tag: u8, t: i64) {
 /// modulo `lanes` (see [`lane_of`]). Stored with dead letters, so a lane finds its keys' dead
 /// letters whatever the lane count was when they were written.
 pub fn key_hash(schema: &str, table: &str, key: &[Value]) -> u64 {
-    let mut h = Fnv(FNV_OFFSET);
-    h.tagged(b's', schema.as_bytes());
-    h.tagged(b't', table.as_bytes());
-    for v in key {
-        hash_value(&mut h, v);
-    }
-    // Fold the high bits in: FNV's low bits mix poorly for short inputs.
-    h.0 ^ (h.0 >> 32)
+    TableHash::new(schema, table).key_hash(key)
 }
 
 /// The lane (of `lanes`) that owns this key of this table.
 pub fn lane_of(schema: &str, table: &str, key: &[Value], lanes: u32) -> u32 {
-    (key_hash(schema, table, key) % u64::from(lanes.max(1))) as u32
+    TableHash::new(schema, table).lane_of(key, lanes)
+}
+
+/// [`key_hash`] with the table's part done: the state after hashing its schema and name, which
+/// every key of the table shares. A router keeps it per table rather than hashing the two names
+/// again for every change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableHash(u64);
+
+impl TableHash {
+    /// The hash state of table `schema.table`.
+    pub fn new(schema: &str, table: &str) -> Self {
+        let mut h = Fnv(FNV_OFFSET);
+        h.tagged(b's', schema.as_bytes());
+        h.tagged(b't', table.as_bytes());
+        TableHash(h.0)
+    }
+
+    /// [`key_hash`] of `key` in this table.
+    pub fn key_hash(self, key: &[Value]) -> u64 {
+        let mut h = Fnv(self.0);
+        for v in key {
+            hash_value(&mut h, v);
+        }
+        // Fold the high bits in: FNV's low bits mix poorly for short inputs.
+        h.0 ^ (h.0 >> 32)
+    }
+
+    /// [`lane_of`] `key` in this table.
+    pub fn lane_of(self, key: &[Value], lanes: u32) -> u32 {
+        (self.key_hash(key) % u64::from(lanes.max(1))) as u32
+    }
 }
 
 /// The senders of one sink's lanes.
@@ -131,7 +155,8 @@ pub fn needs_barrier(change: &Change, lanes: u32) -> bool {
 }
 
 /// Where a change goes: `(lane, change, counts)` triples, in dispatch order; `counts` says
-/// whether applying that part counts as a change applied.
+/// whether applying that part counts as a change applied. `table` is the hash state of the
+/// change's table ([`TableHash::new`] of its schema and name).
 ///
 /// An update that moves a row to a new key whose lane differs from the old key's must reach
 /// the old key's lane as a delete, or a later reuse of the old key could overtake it. Both
@@ -140,32 +165,37 @@ pub fn needs_barrier(change: &Change, lanes: u32) -> bool {
 /// new row's half: the delete half does not count (it is how the row leaves its old lane).
 /// When both keys share a lane the change travels whole and the sink deletes the old key
 /// itself.
-pub fn plan(change: Change, lanes: u32) -> Vec<(u32, Change, bool)> {
-    let lane = lane_of(&change.table.schema, &change.table.name, &change.key, lanes);
-    let Some(old) = &change.old_key else {
-        return vec![(lane, change, true)];
+pub fn plan(
+    change: Change,
+    table: TableHash,
+    lanes: u32,
+) -> impl Iterator<Item = (u32, Change, bool)> {
+    let lane = table.lane_of(&change.key, lanes);
+    let moved = match &change.old_key {
+        // A TOAST move travels whole: only the sink's stored row holds the untouched values.
+        Some(old) if !is_toast_move(&change) => {
+            Some(table.lane_of(old, lanes)).filter(|&old_lane| old_lane != lane)
+        }
+        _ => None,
     };
-    if is_toast_move(&change) {
-        // Travels whole: only the sink's stored row holds the untouched values.
-        return vec![(lane, change, true)];
-    }
-    let old_lane = lane_of(&change.table.schema, &change.table.name, old, lanes);
-    if old_lane == lane {
-        return vec![(lane, change, true)];
-    }
-    let delete = Change {
-        position: change.position,
-        op: crate::change::Op::Delete,
-        table: change.table.clone(),
-        key: old.clone(),
-        old_key: None,
-        values: Vec::new(),
+    let (delete, change) = match moved {
+        None => (None, change),
+        Some(old_lane) => {
+            let mut upsert = change;
+            let delete = Change {
+                position: upsert.position,
+                op: crate::change::Op::Delete,
+                table: upsert.table.clone(),
+                key: upsert.old_key.take().unwrap_or_default(),
+                old_key: None,
+                values: Vec::new(),
+            };
+            (Some((old_lane, delete, false)), upsert)
+        }
     };
-    let upsert = Change {
-        old_key: None,
-        ..change
-    };
-    vec![(old_lane, delete, false), (lane, upsert, true)]
+    delete
+        .into_iter()
+        .chain(std::iter::once((lane, change, true)))
 }
 
 #[cfg(test)]

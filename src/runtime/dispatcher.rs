@@ -26,8 +26,10 @@ use std::sync::atomic::Ordering;
 use tokio::sync::{mpsc, watch};
 
 use super::route::{RouteStage, TransformCall};
-use crate::change::{Change, Op, now_micros_since_2000};
-use crate::lane::{Ack, AckTracker, Parcel, Queued, Router, lane_of, needs_barrier, plan};
+use crate::change::{Change, Op, Table, now_micros_since_2000};
+use crate::lane::{
+    Ack, AckTracker, Parcel, Queued, Router, TableHash, lane_of, needs_barrier, plan,
+};
 use crate::source::emitter::{Event, Frontier};
 use crate::source::{SourceStats, StopMode};
 use crate::transform::TransformError;
@@ -80,6 +82,9 @@ pub struct Dispatcher {
     gather: usize,
     /// A batch whose replay waits for the next batch's transforms to have been called.
     transforming: Option<Transforming>,
+    /// The last routed change's table and its hash state: a source's changes come in runs of
+    /// one table, so one entry spares hashing the table's names for nearly every change.
+    last_table: Option<(Arc<Table>, TableHash)>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -156,6 +161,7 @@ impl Dispatcher {
             out,
             gather,
             transforming: None,
+            last_table: None,
         }
     }
 
@@ -394,11 +400,24 @@ impl Dispatcher {
                 change.clone()
             };
             let Some(copy) = copy else { break };
-            for (lane, part, counts) in plan(copy, self.routers[s].lanes()) {
+            let table = self.table_hash(&copy.table);
+            for (lane, part, counts) in plan(copy, table, self.routers[s].lanes()) {
                 self.queue(s, lane, part, counts).await?;
             }
         }
         Ok(())
+    }
+
+    /// The hash state of `table` (see [`TableHash`]).
+    fn table_hash(&mut self, table: &Arc<Table>) -> TableHash {
+        match &self.last_table {
+            Some((last, hash)) if Arc::ptr_eq(last, table) => *hash,
+            _ => {
+                let hash = TableHash::new(&table.schema, &table.name);
+                self.last_table = Some((Arc::clone(table), hash));
+                hash
+            }
+        }
     }
 
     /// Adds a change to a lane's parcel, handing the parcel over once it is full; `counts`:
