@@ -67,7 +67,6 @@ impl Row<'_> {
 }
 
 struct Entry<'a> {
-    seq: usize,
     shape: &'a Table,
     upsert: Option<Row<'a>>,
     /// The batch's first change to this key was an insert (see [`UpsertGroup::fresh`]).
@@ -140,7 +139,47 @@ fn same_key_columns(a: &Table, b: &Table) -> bool {
 /// Every key is hashed once or twice per change: foldhash is several times cheaper than
 /// std's SipHash here, and still seeded per map, so crafted keys cannot force collisions.
 type Seeds = foldhash::fast::RandomState;
-type Entries<'a> = HashMap<(usize, KeyRef<'a>), Entry<'a>, Seeds>;
+
+/// The batch's effects per (table, key), in the order of each key's last change: a key's new
+/// effect goes to the end and its earlier slot is emptied, so the plan is read off in order
+/// without sorting.
+struct Entries<'a> {
+    /// Where each key's current effect is in `slots`.
+    at: HashMap<(usize, KeyRef<'a>), usize, Seeds>,
+    slots: Vec<Option<((usize, KeyRef<'a>), Entry<'a>)>>,
+}
+
+impl<'a> Entries<'a> {
+    fn with_capacity(n: usize) -> Self {
+        Entries {
+            at: HashMap::with_capacity_and_hasher(n, Seeds::default()),
+            slots: Vec::with_capacity(n),
+        }
+    }
+
+    fn get(&self, key: &(usize, KeyRef<'a>)) -> Option<&Entry<'a>> {
+        let slot = self.slots[*self.at.get(key)?].as_ref();
+        slot.map(|(_, entry)| entry)
+    }
+
+    /// Makes `entry` the key's effect, after every other; returns the one it replaces.
+    fn insert(&mut self, key: (usize, KeyRef<'a>), entry: Entry<'a>) -> Option<Entry<'a>> {
+        let earlier = self.at.insert(key, self.slots.len());
+        self.slots.push(Some((key, entry)));
+        earlier.and_then(|i| self.slots[i].take().map(|(_, entry)| entry))
+    }
+
+    /// Drops every effect on table `t`.
+    fn clear_table(&mut self, t: usize) {
+        let slots = &mut self.slots;
+        self.at.retain(|(table, _), i| {
+            if *table == t {
+                slots[*i] = None;
+            }
+            *table != t
+        });
+    }
+}
 
 pub(super) fn coalesce<'a>(
     changes: &'a [Arc<Change>],
@@ -149,10 +188,9 @@ pub(super) fn coalesce<'a>(
     let mut tables: Vec<TablePlan<'a>> = Vec::new();
     let mut table_ids: HashMap<(&'a str, &'a str), usize, Seeds> = HashMap::default();
     let mut last: Option<(&'a Table, usize)> = None;
-    let mut entries: Entries<'a> =
-        HashMap::with_capacity_and_hasher(changes.len(), Seeds::default());
+    let mut entries = Entries::with_capacity(changes.len());
 
-    for (seq, change) in changes.iter().enumerate() {
+    for change in changes {
         let change: &'a Change = change;
         let shape: &'a Table = &change.table;
         let t = match last {
@@ -174,7 +212,7 @@ pub(super) fn coalesce<'a>(
             }
         };
         if change.op == Op::Truncate {
-            entries.retain(|(table, _), _| *table != t);
+            entries.clear_table(t);
             tables[t].delete_all = true;
             continue;
         }
@@ -188,7 +226,6 @@ pub(super) fn coalesce<'a>(
         if change.op == Op::Delete {
             let key = KeyRef(&change.key);
             let entry = Entry {
-                seq,
                 shape,
                 upsert: None,
                 fresh: fresh(&entries, key, false),
@@ -214,7 +251,6 @@ pub(super) fn coalesce<'a>(
         {
             check_key(sink, change, old)?;
             let entry = Entry {
-                seq,
                 shape,
                 upsert: None,
                 fresh: fresh(&entries, KeyRef(old), false),
@@ -235,7 +271,6 @@ pub(super) fn coalesce<'a>(
         entries.insert(
             key,
             Entry {
-                seq,
                 shape,
                 upsert: Some(row),
                 fresh,
@@ -243,9 +278,7 @@ pub(super) fn coalesce<'a>(
         );
     }
 
-    let mut ordered: Vec<_> = entries.into_iter().collect();
-    ordered.sort_unstable_by_key(|(_, entry)| entry.seq);
-    for ((t, key), entry) in ordered {
+    for ((t, key), entry) in entries.slots.into_iter().flatten() {
         let plan = &mut tables[t];
         match entry.upsert {
             None => match plan
