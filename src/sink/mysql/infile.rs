@@ -434,21 +434,7 @@ fn render_value(
 
 /// A decimal integer, without going through `fmt` (the hot path of most keys).
 fn push_int(out: &mut Vec<u8>, value: i64) {
-    let mut digits = [0u8; 20];
-    let mut n = value.unsigned_abs();
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if value < 0 {
-        out.push(b'-');
-    }
-    out.extend_from_slice(&digits[start..]);
+    out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
 }
 
 /// Bytes with the field separator, line end, escape character and NUL escaped.

@@ -341,13 +341,11 @@ fn push_civil_date(
         });
     }
     // 1..=9999, checked above.
-    let year = year as u32;
-    push_digits(buf, year / 100, 2);
-    push_digits(buf, year % 100, 2);
-    buf.push('-');
-    push_digits(buf, month, 2);
-    buf.push('-');
-    push_digits(buf, day, 2);
+    let mut date = *b"0000-00-00";
+    put_digits(&mut date[0..4], year as u32);
+    put_digits(&mut date[5..7], month);
+    put_digits(&mut date[8..10], day);
+    buf.push_str(ascii(&date));
     Ok(())
 }
 
@@ -355,43 +353,32 @@ fn push_civil_date(
 fn push_time_of_day(buf: &mut String, micros: i64) {
     // 0..=24h, checked by the callers, so every part fits a u32.
     let secs = (micros / MICROS_PER_SECOND) as u32;
-    push_digits(buf, secs / 3600, 2);
-    buf.push(':');
-    push_digits(buf, secs / 60 % 60, 2);
-    buf.push(':');
-    push_digits(buf, secs % 60, 2);
-    buf.push('.');
-    let frac = (micros % MICROS_PER_SECOND) as u32;
-    push_digits(buf, frac / 1000, 3);
-    push_digits(buf, frac % 1000, 3);
+    let mut time = *b"00:00:00.000000";
+    put_digits(&mut time[0..2], secs / 3600);
+    put_digits(&mut time[3..5], secs / 60 % 60);
+    put_digits(&mut time[6..8], secs % 60);
+    put_digits(&mut time[9..15], (micros % MICROS_PER_SECOND) as u32);
+    buf.push_str(ascii(&time));
 }
 
-/// Appends `n` zero-padded to `width` (1..=3) digits; `n` must be below `10^width`.
-/// Hand-written because `write!` is the main cost of timestamps on the hot path.
-fn push_digits(buf: &mut String, n: u32, width: u32) {
-    for place in (0..width).rev() {
-        let digit = n / 10u32.pow(place) % 10;
-        buf.push(char::from(b'0' + digit as u8));
-    }
-}
-
-/// Appends a decimal integer without going through `fmt`.
-fn push_int(buf: &mut String, value: i64) {
-    let mut digits = [0u8; 20];
-    let mut n = value.unsigned_abs();
-    let mut start = digits.len();
-    loop {
-        start -= 1;
-        digits[start] = b'0' + (n % 10) as u8;
+/// Fills `field` with the last `field.len()` decimal digits of `n`, zero-padded. Temporal
+/// fields are written into a stack buffer and appended as one `&str`: a `String::push` per
+/// digit was the main cost of timestamp literals.
+fn put_digits(field: &mut [u8], mut n: u32) {
+    for d in field.iter_mut().rev() {
+        *d = b'0' + (n % 10) as u8;
         n /= 10;
-        if n == 0 {
-            break;
-        }
     }
-    if value < 0 {
-        buf.push('-');
-    }
-    buf.extend(digits[start..].iter().map(|&d| char::from(d)));
+}
+
+/// `bytes`, which the callers fill with ASCII only, as text.
+fn ascii(bytes: &[u8]) -> &str {
+    std::str::from_utf8(bytes).expect("ASCII digits and separators")
+}
+
+/// Appends a decimal integer (`itoa`: two digits per step, no `fmt`).
+fn push_int(buf: &mut String, value: i64) {
+    buf.push_str(itoa::Buffer::new().format(value));
 }
 
 /// Writes `'YYYY-MM-DD HH:MM:SS.ffffff'` for microseconds since 2000-01-01 (any `i64`: the
