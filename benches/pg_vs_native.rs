@@ -4,9 +4,19 @@
 //! Two throwaway clusters: the source (database `bench`, table `items` and the `ticks` table
 //! the live phase uses, publication `zbench`) and the target (databases `native` and `zl`,
 //! same tables). Before any change is written, a subscription `nsub` is created on `native`
-//! with `copy_data = false, enabled = false` (its slot starts retaining WAL) and Zipline's slot
-//! `zbench` is created. Then:
+//! with `copy_data = false, enabled = false` (its slot starts retaining WAL), and Zipline runs
+//! until it has created its slot `zbench` and recorded its start in the sink, then stops (a
+//! slot made by hand would be refused: the sink would hold nothing of it). Then:
 //!
+//! - **set-up** (`ZIPLINE_BENCH_SETUP`): `empty` (the default) starts `items` empty everywhere,
+//!   so the backlog's updates and deletes hit rows it inserted itself. `prefilled` is closer to
+//!   production: before the subscription and the slot are created (so neither replicates them),
+//!   `ZIPLINE_BENCH_PREFILL` rows (default: `ZIPLINE_BENCH_CHANGES`), ids 1 to N, are loaded
+//!   into `items` on the source and in both target databases, each by one server-side `INSERT
+//!   … SELECT … FROM generate_series` computing every column from the id (so all three hold the
+//!   same rows), then `VACUUM ANALYZE` and `CHECKPOINT`. The backlog then inserts ids from N + 1
+//!   and its updates and deletes pick among all live rows, prefilled or inserted. The live
+//!   phase is the same in both set-ups: its writer updates and deletes only rows it inserted.
 //! - **(a) native backlog**: a backlog of `ZIPLINE_BENCH_CHANGES` changes (default 1,000,000;
 //!   100 per transaction: 60 inserts, 30 updates, 10 deletes) is written; the subscription is
 //!   enabled and timed until the target shows the backlog's last transaction (a marker in
@@ -16,17 +26,20 @@
 //!   up the same backlog from its slot, timed the same two ways.
 //! - **apply strategies** (`ZIPLINE_BENCH_STRATEGY_CHANGES`, default 200,000; 0 skips): the
 //!   first changes of the backlog written straight into the target with three statement
-//!   strategies (see `pg_vs_native/strategies.rs`), to justify the one the sink uses.
+//!   strategies (see `pg_vs_native/strategies.rs`), to justify the one the sink uses; each
+//!   strategy's database is prefilled like the targets.
 //! - **(c) live**: a writer offers `ZIPLINE_BENCH_LIVE_RATE` changes/s (default 10,000) for
 //!   `ZIPLINE_BENCH_LIVE_SECS` seconds (default 30) to each system in turn (native, then
 //!   Zipline, each first caught up), measuring every transaction's commit-to-visible lag (see
 //!   `pg_vs_native/live.rs`).
 //!
 //! Phases run one at a time so neither system competes with the other for the two cores.
-//! Prints throughputs and their ratio, lags, CPU seconds per process tree, Zipline's peak RSS,
-//! and checks that the source and both targets end identical.
+//! Prints throughputs and their ratio, lags, CPU seconds per process tree (and, for the backlog
+//! phases, CPU µs per change), Zipline's peak RSS, and checks that the source and both targets
+//! end identical. Result lines carry the set-up's name, so runs can be told apart.
 //!
-//! `cargo bench --bench pg_vs_native` (env: the above, `ZIPLINE_BENCH_LANES` (4),
+//! `cargo bench --bench pg_vs_native` (env: the above, `ZIPLINE_BENCH_SETUP` (`empty`),
+//! `ZIPLINE_BENCH_PREFILL` (`ZIPLINE_BENCH_CHANGES`), `ZIPLINE_BENCH_LANES` (4),
 //! `ZIPLINE_BENCH_BATCH` (1000), `ZIPLINE_BENCH_WRAP` to run Zipline under a profiler,
 //! `ZIPLINE_BENCH_ONLY=zipline` to run the Zipline backlog phase alone, for profiling).
 
@@ -43,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use common::Postgres;
 use common_backlog::{
-    Generator, ITEMS_PG, Op, context_switches, env_or, proc_stat, server_cpu, spawn_zipline,
+    Generator, ITEMS_PG, Op, context_switches, env_or, prime, proc_stat, server_cpu, spawn_zipline,
     stop_zipline,
 };
 use live::ms;
@@ -53,6 +66,39 @@ use zipline::change::Value;
 const SRC_DB: &str = "bench";
 /// Tick value of the backlog's last transaction.
 const MARKER: i64 = 1_000_000_000;
+/// First id the live phase inserts; the prefill and the backlog stay below it.
+const LIVE_FIRST_ID: i64 = 100_000_000;
+
+/// The set-up's name and how many rows `items` holds before the backlog (ids 1 to that).
+fn read_setup(changes: usize) -> (&'static str, usize) {
+    match std::env::var("ZIPLINE_BENCH_SETUP").as_deref() {
+        Err(_) | Ok("empty") => ("empty", 0),
+        Ok("prefilled") => ("prefilled", env_or("ZIPLINE_BENCH_PREFILL", changes)),
+        Ok(other) => panic!("ZIPLINE_BENCH_SETUP must be `empty` or `prefilled`, not `{other}`"),
+    }
+}
+
+/// Loads ids 1 to `rows` into `db`'s empty `items`, every column computed from the id alone so
+/// that every database gets the same rows (names shaped like the backlog's, timestamps on the
+/// day before it). Then `VACUUM ANALYZE`, so the backlog meets a settled table (visibility map,
+/// statistics), and `CHECKPOINT`, so the load's dirty pages are written now rather than during
+/// a timed phase.
+fn prefill(pg: &Postgres, db: &str, rows: usize) {
+    if rows == 0 {
+        return;
+    }
+    pg.psql(
+        db,
+        &format!(
+            "INSERT INTO items (id, name, qty, price, updated_at) \
+             SELECT g, 'item-' || g || '-' || (g * 7919 % 1000), g * 104729 % 10000, \
+             g * 15485863 % 10000000 / 100.0, \
+             timestamptz '2023-12-31 00:00:00+00' + (g % 86400) * interval '1 second' \
+             FROM generate_series(1, {rows}::bigint) g; \
+             VACUUM ANALYZE items; CHECKPOINT;"
+        ),
+    );
+}
 
 /// Keys of `ticks`, one owned by each of Zipline's `lanes` lanes.
 fn tick_keys(lanes: usize) -> Vec<i32> {
@@ -103,6 +149,17 @@ impl Cpu {
             src: now.src - self.src,
             dst: now.dst - self.dst,
         }
+    }
+    /// The per-change line of a phase that applied `changes` changes, Zipline having used
+    /// `zipline` CPU seconds in it.
+    fn per_change(&self, zipline: f64, changes: usize) -> String {
+        let us = |secs: f64| secs * 1e6 / changes as f64;
+        format!(
+            "CPU µs per change: source {:.1}, target {:.1}, zipline {:.1}",
+            us(self.src),
+            us(self.dst),
+            us(zipline)
+        )
     }
 }
 
@@ -178,6 +235,7 @@ connectors:
     user: postgres
     publication: zbench
     slot_name: zbench
+    snapshot: never
   - name: dst
     type: sink/postgres
     host: 127.0.0.1
@@ -206,6 +264,7 @@ fn zipline_alive(child: &mut std::process::Child, log: &Path) {
 #[tokio::main]
 async fn main() {
     let changes = env_or("ZIPLINE_BENCH_CHANGES", 1_000_000);
+    let (setup, prefilled) = read_setup(changes);
     let lanes = env_or("ZIPLINE_BENCH_LANES", 4);
     let batch = env_or("ZIPLINE_BENCH_BATCH", 1000);
     let live_secs = env_or("ZIPLINE_BENCH_LIVE_SECS", 30);
@@ -216,18 +275,37 @@ async fn main() {
     } else {
         env_or("ZIPLINE_BENCH_STRATEGY_CHANGES", 200_000)
     };
-    println!("load average at start: {}", load());
+    // Each backlog transaction inserts at most 100 ids.
+    assert!(
+        prefilled + changes.div_ceil(100) * 100 < LIVE_FIRST_ID as usize,
+        "ZIPLINE_BENCH_PREFILL + ZIPLINE_BENCH_CHANGES must stay below the live phase's ids \
+         ({LIVE_FIRST_ID})"
+    );
+    println!(
+        "set-up {setup}: items holds {prefilled} rows before the backlog; load average at \
+         start: {}",
+        load()
+    );
 
     // A long wal_sender_timeout: a busy subscriber must not be cut off mid-catch-up.
     let src = Postgres::start_with(&[("wal_sender_timeout", "60s")]);
     let dst = Postgres::start();
     let ticks = tick_keys(lanes);
+    let started = Instant::now();
     src.create_database(SRC_DB);
     src.psql(SRC_DB, &tables_sql(&ticks));
+    prefill(&src, SRC_DB, prefilled);
     src.psql(SRC_DB, "CREATE PUBLICATION zbench FOR TABLE items, ticks");
     for db in ["native", "zl"] {
         dst.create_database(db);
         dst.psql(db, &tables_sql(&ticks));
+        prefill(&dst, db, prefilled);
+    }
+    if prefilled > 0 {
+        println!(
+            "prefill: {prefilled} rows into the source and both targets in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
     }
     dst.psql(
         "native",
@@ -237,16 +315,22 @@ async fn main() {
             src.port
         ),
     );
-    src.psql(
-        SRC_DB,
-        "SELECT pg_create_logical_replication_slot('zbench', 'pgoutput')",
-    );
+    // Zipline creates its slot and records in the sink where the pipeline starts, then stops;
+    // the backlog is written while no replicator runs, as after an outage.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = dir.path().join("bench.yaml");
+    std::fs::write(&yaml, pipeline_yaml(&src, &dst, lanes, batch)).expect("write yaml");
+    prime(&src, SRC_DB, "zbench", &yaml, &dir.path().join("prime.log"));
 
-    // The backlog, its last transaction carrying the marker tick.
-    let mut generator = Generator::new(1, 0x5EED_2210_4471);
+    // The backlog, its last transaction carrying the marker tick; new ids follow the prefill's.
+    let mut generator =
+        Generator::with_existing(prefilled as i64 + 1, 1..=prefilled as i64, 0x5EED_2210_4471);
     let txs = changes.div_ceil(100);
     let writer = src.client(SRC_DB).await;
     let mut ops: Vec<Op> = Vec::with_capacity(changes.min(strategy_changes));
+    // Counted rather than txs × 100: on an empty table the first transactions, with too few
+    // live rows to pick from, only insert.
+    let mut total = 0;
     let started = Instant::now();
     for i in 0..txs {
         let extra = if i + 1 == txs {
@@ -259,11 +343,11 @@ async fn main() {
             .batch_execute(&sql)
             .await
             .expect("backlog transaction");
+        total += tx_ops.len();
         if ops.len() < strategy_changes {
             ops.extend(tx_ops);
         }
     }
-    let total = txs * 100;
     let end_lsn = src.psql(SRC_DB, "SELECT pg_current_wal_lsn()");
     println!(
         "backlog: {total} changes in {txs} transactions written in {:.1}s",
@@ -295,9 +379,6 @@ async fn main() {
     let na_cpu = cpu.since(&src, &dst);
 
     // (b) Zipline.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = dir.path().join("bench.yaml");
-    std::fs::write(&yaml, pipeline_yaml(&src, &dst, lanes, batch)).expect("write yaml");
     let log = dir.path().join("zipline-backlog.log");
     let zl = dst.client("zl").await;
     let cpu = Cpu::now(&src, &dst);
@@ -324,26 +405,31 @@ async fn main() {
     ];
     let rate = |secs: f64| total as f64 / secs;
     println!(
-        "(a) native backlog : {total} changes applied in {na_applied:.2}s = {:.0} changes/s \
-         (slot confirmed after {na_confirmed:.2}s = {:.0}/s); CPU: source {:.1}s, target {:.1}s",
+        "(a) native backlog [{setup}]: {total} changes applied in {na_applied:.2}s = {:.0} \
+         changes/s (slot confirmed after {na_confirmed:.2}s = {:.0}/s); CPU: source {:.1}s, \
+         target {:.1}s",
         rate(na_applied),
         rate(na_confirmed),
         na_cpu.src,
         na_cpu.dst
     );
+    // Zipline does not run in the native phase.
+    println!("    {}", na_cpu.per_change(0.0, total));
     println!(
-        "(b) zipline backlog: {total} changes applied in {zl_applied:.2}s = {:.0} changes/s \
-         (slot confirmed after {zl_confirmed:.2}s = {:.0}/s); CPU: source {:.1}s, target \
-         {:.1}s, zipline {zl_cpu_s:.1}s ({zl_switches} context switches); peak RSS {:.1} MiB; \
-         {lanes} lanes, batch {batch}; exit {status}",
+        "(b) zipline backlog [{setup}]: {total} changes applied in {zl_applied:.2}s = {:.0} \
+         changes/s (slot confirmed after {zl_confirmed:.2}s = {:.0}/s); CPU: source {:.1}s, \
+         target {:.1}s, zipline {zl_cpu_s:.1}s ({zl_switches} context switches); peak RSS \
+         {:.1} MiB; {lanes} lanes, batch {batch}; exit {status}",
         rate(zl_applied),
         rate(zl_confirmed),
         zl_cpu.src,
         zl_cpu.dst,
         zl_rss as f64 / 1024.0
     );
+    println!("    {}", zl_cpu.per_change(zl_cpu_s, total));
     println!(
-        "    ratio zipline/native: {:.2} (applied), {:.2} (confirmed); load average now {}",
+        "    ratio zipline/native [{setup}]: {:.2} (applied), {:.2} (confirmed); load average \
+         now {}",
         na_applied / zl_applied,
         na_confirmed / zl_confirmed,
         load()
@@ -365,10 +451,13 @@ async fn main() {
             let db = format!("s_{}", s.name());
             dst.create_database(&db);
             dst.psql(&db, ITEMS_PG);
+            // The ops update and delete prefilled rows: start from the table they were written
+            // against.
+            prefill(&dst, &db, prefilled);
             let rate = strategies::measure(&dst, &db, s, &ops, lanes, batch).await;
             println!(
-                "    strategy {:<8}: {} changes at {rate:.0} changes/s ({lanes} connections, \
-                 batch {batch})",
+                "    strategy {:<8} [{setup}]: {} changes at {rate:.0} changes/s ({lanes} \
+                 connections, batch {batch})",
                 s.name(),
                 ops.len()
             );
@@ -384,7 +473,7 @@ async fn main() {
     }
 
     // (c) Live, native first.
-    let mut live_gen = Generator::new(100_000_000, 0x11FE);
+    let mut live_gen = Generator::new(LIVE_FIRST_ID, 0x11FE);
     dst.psql("native", "ALTER SUBSCRIPTION nsub ENABLE");
     let now_lsn = src.psql(SRC_DB, "SELECT pg_current_wal_lsn()");
     wait_done(
@@ -441,8 +530,8 @@ async fn main() {
     let status = stop_zipline(child);
 
     println!(
-        "(c) live, {live_rate} changes/s offered for {live_secs}s (lag = commit on the source \
-         to the whole transaction visible on the target):"
+        "(c) live [{setup}], {live_rate} changes/s offered for {live_secs}s (lag = commit on \
+         the source to the whole transaction visible on the target):"
     );
     println!(
         "    native : {}; CPU: source {:.1}s, target {:.1}s",
@@ -461,7 +550,7 @@ async fn main() {
         catch_up
     );
     println!(
-        "    zipline p99 lag {:.1} ms (target < 100 ms); load average now {}",
+        "    zipline p99 lag [{setup}] {:.1} ms (target < 50 ms); load average now {}",
         ms(zl_live.percentile(0.99)),
         load()
     );
@@ -485,7 +574,7 @@ async fn main() {
         checksum(&dst, "zl"),
     ];
     println!(
-        "final tables equal: {}",
+        "final tables equal [{setup}]: {}",
         sums[0] == sums[1] && sums[0] == sums[2]
     );
     assert!(

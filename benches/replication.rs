@@ -6,6 +6,9 @@
 //! - **raw**: the same changes applied straight to MariaDB as batched multi-row upserts and
 //!   deletes (same batch size, same lane partitioning, one connection per lane, coalesced per
 //!   key within a batch, as Zipline's sink does): the rate a hand-written loader reaches;
+//! - **raw, prepared**: the same batches through prepared statements (binary protocol, 100
+//!   rows per statement), to compare with the text upserts the sink sends (it runs second;
+//!   `ZIPLINE_BENCH_PREPARED_FIRST=1` runs it first);
 //! - **zipline**: `zipline pipeline apply` catching up the backlog from the slot into another
 //!   MariaDB database, until the slot's confirmed flush LSN passes the backlog's end.
 //!
@@ -33,50 +36,62 @@ static RAW_RETRIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64:
 
 const MYSQL_TABLE: &str = "CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NOT NULL, price DECIMAL(12,2) NOT NULL, updated_at DATETIME(6) NOT NULL)";
 
-/// The raw loader: per-lane batches, coalesced per key, DELETE … IN then multi-row upsert.
-async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
+/// A batch coalesced per key: the ids to delete and the rows to upsert.
+fn coalesce(chunk: &[Op]) -> (Vec<i64>, Vec<&common_backlog::Row>) {
+    let mut last: HashMap<i64, &Op> = HashMap::with_capacity(chunk.len());
+    for op in chunk {
+        last.insert(op.id(), op);
+    }
+    let (mut deletes, mut upserts) = (Vec::new(), Vec::new());
+    for op in last.values() {
+        match op {
+            Op::Delete(id) => deletes.push(*id),
+            Op::Upsert(r) => upserts.push(r),
+        }
+    }
+    (deletes, upserts)
+}
+
+async fn raw_connect(url: String) -> mysql_async::Conn {
     let mut conn = mysql_async::Conn::from_url(url).await.expect("raw connect");
     conn.query_drop("SET SESSION time_zone='+00:00'")
         .await
-        .unwrap();
+        .expect("time zone");
     conn.query_drop("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         .await
-        .unwrap();
+        .expect("isolation level");
+    conn
+}
+
+const UPSERT_TAIL: &str = " ON DUPLICATE KEY UPDATE name=VALUES(name), qty=VALUES(qty), \
+    price=VALUES(price), updated_at=VALUES(updated_at)";
+
+/// The raw loader: per-lane batches, coalesced per key, DELETE … IN then multi-row upsert,
+/// as SQL text in one round trip.
+async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
+    let mut conn = raw_connect(url).await;
     let mut applied = 0;
     for chunk in ops.chunks(batch) {
-        let mut last: HashMap<i64, &Op> = HashMap::with_capacity(chunk.len());
-        for op in chunk {
-            last.insert(op.id(), op);
-        }
-        let mut deletes = Vec::new();
-        let mut upserts = String::new();
-        for op in last.values() {
-            match op {
-                Op::Delete(id) => deletes.push(id.to_string()),
-                Op::Upsert(r) => {
-                    if !upserts.is_empty() {
-                        upserts.push(',');
-                    }
-                    write!(
-                        upserts,
-                        "({}, '{}', {}, {}, TIMESTAMPADD(SECOND, {}, '2024-01-01 00:00:00'))",
-                        r.id, r.name, r.qty, r.price, r.updated_at
-                    )
-                    .unwrap();
-                }
-            }
-        }
+        let (deletes, upserts) = coalesce(chunk);
         let mut sql = String::from("START TRANSACTION;");
         if !deletes.is_empty() {
-            write!(
-                sql,
-                "DELETE FROM items WHERE id IN ({});",
-                deletes.join(",")
-            )
-            .unwrap();
+            let ids: Vec<String> = deletes.iter().map(i64::to_string).collect();
+            write!(sql, "DELETE FROM items WHERE id IN ({});", ids.join(",")).unwrap();
         }
         if !upserts.is_empty() {
-            write!(sql, "INSERT INTO items (id, name, qty, price, updated_at) VALUES {upserts} ON DUPLICATE KEY UPDATE name=VALUES(name), qty=VALUES(qty), price=VALUES(price), updated_at=VALUES(updated_at);").unwrap();
+            sql.push_str("INSERT INTO items (id, name, qty, price, updated_at) VALUES ");
+            for (n, r) in upserts.iter().enumerate() {
+                if n > 0 {
+                    sql.push(',');
+                }
+                write!(
+                    sql,
+                    "({}, '{}', {}, {}, TIMESTAMPADD(SECOND, {}, '2024-01-01 00:00:00'))",
+                    r.id, r.name, r.qty, r.price, r.updated_at
+                )
+                .unwrap();
+            }
+            write!(sql, "{UPSERT_TAIL};").unwrap();
         }
         sql.push_str("COMMIT;");
         // Lanes upserting neighbouring keys can deadlock on InnoDB's duplicate-check locks;
@@ -91,6 +106,95 @@ async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
         applied += chunk.len() as u64;
     }
     applied
+}
+
+/// Rows per prepared upsert: a few statement shapes (full groups and the remainders), so
+/// mysql_async's statement cache prepares each once per connection.
+const PREPARED_ROWS: usize = 100;
+
+/// The same batches as [`raw_apply`], through prepared statements in the binary protocol:
+/// the values travel as typed parameters instead of SQL literals the server must parse.
+async fn raw_apply_prepared(url: String, ops: Vec<Op>, batch: usize) -> u64 {
+    let mut conn = raw_connect(url).await;
+    let mut applied = 0;
+    for chunk in ops.chunks(batch) {
+        let (deletes, upserts) = coalesce(chunk);
+        let mut tries = 0;
+        while let Err(e) = prepared_batch(&mut conn, &deletes, &upserts).await {
+            tries += 1;
+            assert!(tries < 20, "prepared batch keeps failing: {e}");
+            let _ = conn.query_drop("ROLLBACK").await;
+            RAW_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        applied += chunk.len() as u64;
+    }
+    applied
+}
+
+async fn prepared_batch(
+    conn: &mut mysql_async::Conn,
+    deletes: &[i64],
+    upserts: &[&common_backlog::Row],
+) -> Result<(), mysql_async::Error> {
+    use mysql_async::Value as My;
+    conn.query_drop("START TRANSACTION").await?;
+    for ids in deletes.chunks(PREPARED_ROWS) {
+        let marks = vec!["?"; ids.len()].join(",");
+        let params: Vec<My> = ids.iter().map(|&id| My::Int(id)).collect();
+        conn.exec_drop(format!("DELETE FROM items WHERE id IN ({marks})"), params)
+            .await?;
+    }
+    for rows in upserts.chunks(PREPARED_ROWS) {
+        let row = "(?, ?, ?, ?, TIMESTAMPADD(SECOND, ?, '2024-01-01 00:00:00'))";
+        let marks = vec![row; rows.len()].join(",");
+        let mut params = Vec::with_capacity(rows.len() * 5);
+        for r in rows {
+            params.extend([
+                My::Int(r.id),
+                My::Bytes(r.name.clone().into_bytes()),
+                My::Int(i64::from(r.qty)),
+                My::Bytes(r.price.clone().into_bytes()),
+                My::Int(r.updated_at),
+            ]);
+        }
+        let sql = format!(
+            "INSERT INTO items (id, name, qty, price, updated_at) VALUES {marks}{UPSERT_TAIL}"
+        );
+        conn.exec_drop(sql, params).await?;
+    }
+    conn.query_drop("COMMIT").await
+}
+
+/// One raw loader over every lane's ops (into database `raw`, or `rawp` for prepared
+/// statements): changes applied, seconds, and the servers' CPU.
+async fn raw_run(
+    pg: &common::Postgres,
+    my: &common::MariaDb,
+    per_lane: Vec<Vec<Op>>,
+    batch: usize,
+    prepared: bool,
+) -> (u64, f64, Cpu) {
+    let cpu = cpu_now(pg, my);
+    let started = Instant::now();
+    let tasks: Vec<_> = per_lane
+        .into_iter()
+        .map(|ops| {
+            if prepared {
+                tokio::spawn(raw_apply_prepared(my.url("rawp"), ops, batch))
+            } else {
+                tokio::spawn(raw_apply(my.url("raw"), ops, batch))
+            }
+        })
+        .collect();
+    let mut applied = 0;
+    for t in tasks {
+        applied += t.await.expect("raw lane");
+    }
+    (
+        applied,
+        started.elapsed().as_secs_f64(),
+        cpu_since(&cpu, pg, my),
+    )
 }
 
 struct Cpu {
@@ -130,7 +234,7 @@ async fn main() {
     pg.create_database("bench");
     pg.psql("bench", "CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, price numeric(12,2) NOT NULL, updated_at timestamptz NOT NULL)");
     pg.psql("bench", "CREATE PUBLICATION zbench FOR TABLE items");
-    for db in ["raw", "zl"] {
+    for db in ["raw", "rawp", "zl"] {
         my.create_database(db);
         my.sql(db, MYSQL_TABLE);
     }
@@ -179,24 +283,31 @@ async fn main() {
         total as f64 / decode_secs
     );
 
-    // Raw baseline.
+    // Raw baselines: text upserts, and the same batches through prepared statements (whether
+    // the binary protocol spares MariaDB the parsing of literals enough to beat the text the
+    // sink sends). The second to run meets a warmer server, so the order can be swapped.
     let mut per_lane: Vec<Vec<Op>> = vec![Vec::new(); lanes];
     for op in ops {
         per_lane[(op.id() as u64 % lanes as u64) as usize].push(op);
     }
-    let cpu = cpu_now(&pg, &my);
-    let started = Instant::now();
-    let tasks: Vec<_> = per_lane
-        .into_iter()
-        .map(|lane_ops| tokio::spawn(raw_apply(my.url("raw"), lane_ops, batch)))
-        .collect();
-    let mut raw_applied = 0;
-    for t in tasks {
-        raw_applied += t.await.expect("raw lane");
+    let prepared_first = std::env::var("ZIPLINE_BENCH_PREPARED_FIRST").is_ok_and(|v| v == "1");
+    let mut runs = [false, true];
+    if prepared_first {
+        runs.reverse();
     }
-    let raw_secs = started.elapsed().as_secs_f64();
+    let mut raw = None;
+    let mut prepared = None;
+    for use_prepared in runs {
+        let run = raw_run(&pg, &my, per_lane.clone(), batch, use_prepared).await;
+        if use_prepared {
+            prepared = Some(run);
+        } else {
+            raw = Some(run);
+        }
+    }
+    let (raw_applied, raw_secs, raw_cpu) = raw.expect("text run");
+    let (prepared_applied, prepared_secs, prepared_cpu) = prepared.expect("prepared run");
     let raw_rate = raw_applied as f64 / raw_secs;
-    let raw_cpu = cpu_since(&cpu, &pg, &my);
 
     // Zipline.
     let log = dir.path().join("zipline.log");
@@ -218,12 +329,27 @@ async fn main() {
         "zl",
         &format!("SET SESSION group_concat_max_len = 1 << 30; {checksum}"),
     );
+    let prepared_sum = my.sql(
+        "rawp",
+        &format!("SET SESSION group_concat_max_len = 1 << 30; {checksum}"),
+    );
+    assert_eq!(
+        raw_sum, prepared_sum,
+        "the prepared-statement loader wrote other rows than the text one"
+    );
 
     println!(
         "raw MariaDB upserts : {raw_applied} changes in {raw_secs:.2}s = {raw_rate:.0} changes/s ({lanes} connections, batch {batch}; CPU: {raw_cpu})"
     );
     println!(
         "zipline PG → MariaDB: {total} changes in {zl_secs:.2}s = {zl_rate:.0} changes/s ({lanes} lanes, batch {batch}; CPU: {zl_cpu})"
+    );
+    println!(
+        "raw, prepared       : {prepared_applied} changes in {prepared_secs:.2}s = {:.0} changes/s, {:.2}× the text upserts; MariaDB CPU {:.2} µs per change (text {:.2})",
+        prepared_applied as f64 / prepared_secs,
+        raw_secs / prepared_secs,
+        prepared_cpu.my * 1e6 / prepared_applied as f64,
+        raw_cpu.my * 1e6 / raw_applied as f64
     );
     println!("ratio zipline/raw   : {:.2}", zl_rate / raw_rate);
     println!(

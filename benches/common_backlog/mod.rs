@@ -7,7 +7,8 @@
 //!
 //! The backlog: transactions of 100 changes (60 inserts, 30 updates, 10 deletes of rows
 //! inserted earlier) on `items`, written as SQL text, plus the same changes as an op stream in
-//! the order pgoutput sends them (statement order, rows in statement order).
+//! the order pgoutput sends them (statement order, rows in statement order). A generator made
+//! by `Generator::with_existing` also updates and deletes rows the table held beforehand.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -109,6 +110,22 @@ impl Generator {
             next_id: first_id,
             tx: 0,
         }
+    }
+
+    /// Like `new`, for a table that already holds the rows `existing` (all below `first_id`):
+    /// updates and deletes pick among those as well as among the rows inserted since.
+    pub fn with_existing(
+        first_id: i64,
+        existing: std::ops::RangeInclusive<i64>,
+        seed: u64,
+    ) -> Generator {
+        assert!(
+            existing.is_empty() || *existing.end() < first_id,
+            "new ids from {first_id} would collide with the existing rows {existing:?}"
+        );
+        let mut g = Generator::new(first_id, seed);
+        g.live.extend(existing);
+        g
     }
 
     /// The next transaction as SQL (`BEGIN; … ; <extra> COMMIT;`) and its ops.
