@@ -7,8 +7,11 @@
 //!   deletes (same batch size, same lane partitioning, one connection per lane, coalesced per
 //!   key within a batch, as Zipline's sink does): the rate a hand-written loader reaches;
 //! - **raw, prepared**: the same batches through prepared statements (binary protocol, 100
-//!   rows per statement), to compare with the text upserts the sink sends (it runs second;
-//!   `ZIPLINE_BENCH_PREPARED_FIRST=1` runs it first);
+//!   rows per statement), to compare with the text upserts the sink sends;
+//! - **raw, bulk**: the same batches through MariaDB's bulk execution of single-row prepared
+//!   statements (`COM_STMT_BULK_EXECUTE`, mysql_async's `exec_batch`). The three loaders run
+//!   text, prepared, bulk; `ZIPLINE_BENCH_PREPARED_FIRST=1` runs prepared, bulk, text (a later
+//!   run meets a warmer server);
 //! - **zipline**: `zipline pipeline apply` catching up the backlog from the slot into another
 //!   MariaDB database, until the slot's confirmed flush LSN passes the backlog's end.
 //!
@@ -131,6 +134,57 @@ async fn raw_apply_prepared(url: String, ops: Vec<Op>, batch: usize) -> u64 {
     applied
 }
 
+/// The same batches again, through MariaDB's bulk execution (`COM_STMT_BULK_EXECUTE`, which
+/// mysql_async's `exec_batch` uses when the server offers it): one single-row statement, every
+/// row's parameters in one request.
+async fn raw_apply_bulk(url: String, ops: Vec<Op>, batch: usize) -> u64 {
+    let mut conn = raw_connect(url).await;
+    let mut applied = 0;
+    for chunk in ops.chunks(batch) {
+        let (deletes, upserts) = coalesce(chunk);
+        let mut tries = 0;
+        while let Err(e) = bulk_batch(&mut conn, &deletes, &upserts).await {
+            tries += 1;
+            assert!(tries < 20, "bulk batch keeps failing: {e}");
+            let _ = conn.query_drop("ROLLBACK").await;
+            RAW_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        applied += chunk.len() as u64;
+    }
+    applied
+}
+
+async fn bulk_batch(
+    conn: &mut mysql_async::Conn,
+    deletes: &[i64],
+    upserts: &[&common_backlog::Row],
+) -> Result<(), mysql_async::Error> {
+    use mysql_async::Value as My;
+    conn.query_drop("START TRANSACTION").await?;
+    if !deletes.is_empty() {
+        let params = deletes.iter().map(|&id| vec![My::Int(id)]);
+        conn.exec_batch("DELETE FROM items WHERE id = ?", params)
+            .await?;
+    }
+    if !upserts.is_empty() {
+        let params = upserts.iter().map(|r| {
+            vec![
+                My::Int(r.id),
+                My::Bytes(r.name.clone().into_bytes()),
+                My::Int(i64::from(r.qty)),
+                My::Bytes(r.price.clone().into_bytes()),
+                My::Int(r.updated_at),
+            ]
+        });
+        let sql = format!(
+            "INSERT INTO items (id, name, qty, price, updated_at) VALUES (?, ?, ?, ?, \
+             TIMESTAMPADD(SECOND, ?, '2024-01-01 00:00:00')){UPSERT_TAIL}"
+        );
+        conn.exec_batch(sql, params).await?;
+    }
+    conn.query_drop("COMMIT").await
+}
+
 async fn prepared_batch(
     conn: &mut mysql_async::Conn,
     deletes: &[i64],
@@ -165,25 +219,33 @@ async fn prepared_batch(
     conn.query_drop("COMMIT").await
 }
 
-/// One raw loader over every lane's ops (into database `raw`, or `rawp` for prepared
-/// statements): changes applied, seconds, and the servers' CPU.
+/// How a raw loader sends its batches.
+#[derive(Clone, Copy, PartialEq)]
+enum Loader {
+    /// SQL text, one round trip per batch ([`raw_apply`]), into `raw`.
+    Text,
+    /// Multi-row prepared statements ([`raw_apply_prepared`]), into `rawp`.
+    Prepared,
+    /// Bulk execution of single-row statements ([`raw_apply_bulk`]), into `rawb`.
+    Bulk,
+}
+
+/// One raw loader over every lane's ops: changes applied, seconds, and the servers' CPU.
 async fn raw_run(
     pg: &common::Postgres,
     my: &common::MariaDb,
     per_lane: Vec<Vec<Op>>,
     batch: usize,
-    prepared: bool,
+    loader: Loader,
 ) -> (u64, f64, Cpu) {
     let cpu = cpu_now(pg, my);
     let started = Instant::now();
     let tasks: Vec<_> = per_lane
         .into_iter()
-        .map(|ops| {
-            if prepared {
-                tokio::spawn(raw_apply_prepared(my.url("rawp"), ops, batch))
-            } else {
-                tokio::spawn(raw_apply(my.url("raw"), ops, batch))
-            }
+        .map(|ops| match loader {
+            Loader::Text => tokio::spawn(raw_apply(my.url("raw"), ops, batch)),
+            Loader::Prepared => tokio::spawn(raw_apply_prepared(my.url("rawp"), ops, batch)),
+            Loader::Bulk => tokio::spawn(raw_apply_bulk(my.url("rawb"), ops, batch)),
         })
         .collect();
     let mut applied = 0;
@@ -197,6 +259,7 @@ async fn raw_run(
     )
 }
 
+#[derive(Clone, Copy)]
 struct Cpu {
     pg: f64,
     my: f64,
@@ -234,7 +297,7 @@ async fn main() {
     pg.create_database("bench");
     pg.psql("bench", "CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, price numeric(12,2) NOT NULL, updated_at timestamptz NOT NULL)");
     pg.psql("bench", "CREATE PUBLICATION zbench FOR TABLE items");
-    for db in ["raw", "rawp", "zl"] {
+    for db in ["raw", "rawp", "rawb", "zl"] {
         my.create_database(db);
         my.sql(db, MYSQL_TABLE);
     }
@@ -291,22 +354,36 @@ async fn main() {
         per_lane[(op.id() as u64 % lanes as u64) as usize].push(op);
     }
     let prepared_first = std::env::var("ZIPLINE_BENCH_PREPARED_FIRST").is_ok_and(|v| v == "1");
-    let mut runs = [false, true];
+    let mut runs = [Loader::Text, Loader::Prepared, Loader::Bulk];
     if prepared_first {
-        runs.reverse();
+        runs.rotate_left(1);
     }
-    let mut raw = None;
-    let mut prepared = None;
-    for use_prepared in runs {
-        let run = raw_run(&pg, &my, per_lane.clone(), batch, use_prepared).await;
-        if use_prepared {
-            prepared = Some(run);
-        } else {
-            raw = Some(run);
-        }
+    let mut results = Vec::new();
+    for loader in runs {
+        results.push((
+            loader,
+            raw_run(&pg, &my, per_lane.clone(), batch, loader).await,
+        ));
     }
-    let (raw_applied, raw_secs, raw_cpu) = raw.expect("text run");
-    let (prepared_applied, prepared_secs, prepared_cpu) = prepared.expect("prepared run");
+    let result = |which: Loader| {
+        results
+            .iter()
+            .find(|(loader, _)| *loader == which)
+            .map(|(_, r)| {
+                (
+                    r.0,
+                    r.1,
+                    Cpu {
+                        pg: r.2.pg,
+                        my: r.2.my,
+                    },
+                )
+            })
+            .expect("every loader ran")
+    };
+    let (raw_applied, raw_secs, raw_cpu) = result(Loader::Text);
+    let (prepared_applied, prepared_secs, prepared_cpu) = result(Loader::Prepared);
+    let (bulk_applied, bulk_secs, bulk_cpu) = result(Loader::Bulk);
     let raw_rate = raw_applied as f64 / raw_secs;
 
     // Zipline.
@@ -337,6 +414,14 @@ async fn main() {
         raw_sum, prepared_sum,
         "the prepared-statement loader wrote other rows than the text one"
     );
+    let bulk_sum = my.sql(
+        "rawb",
+        &format!("SET SESSION group_concat_max_len = 1 << 30; {checksum}"),
+    );
+    assert_eq!(
+        raw_sum, bulk_sum,
+        "the bulk loader wrote other rows than the text one"
+    );
 
     println!(
         "raw MariaDB upserts : {raw_applied} changes in {raw_secs:.2}s = {raw_rate:.0} changes/s ({lanes} connections, batch {batch}; CPU: {raw_cpu})"
@@ -350,6 +435,12 @@ async fn main() {
         raw_secs / prepared_secs,
         prepared_cpu.my * 1e6 / prepared_applied as f64,
         raw_cpu.my * 1e6 / raw_applied as f64
+    );
+    println!(
+        "raw, bulk           : {bulk_applied} changes in {bulk_secs:.2}s = {:.0} changes/s, {:.2}× the text upserts; MariaDB CPU {:.2} µs per change",
+        bulk_applied as f64 / bulk_secs,
+        raw_secs / bulk_secs,
+        bulk_cpu.my * 1e6 / bulk_applied as f64,
     );
     println!("ratio zipline/raw   : {:.2}", zl_rate / raw_rate);
     println!(
