@@ -69,38 +69,23 @@ async fn raw_connect(url: String) -> mysql_async::Conn {
 const UPSERT_TAIL: &str = " ON DUPLICATE KEY UPDATE name=VALUES(name), qty=VALUES(qty), \
     price=VALUES(price), updated_at=VALUES(updated_at)";
 
-/// The raw loader: per-lane batches, coalesced per key, DELETE … IN then multi-row upsert,
-/// as SQL text in one round trip.
-async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
+/// A raw loader: per-lane batches, coalesced per key, deletes then upserts in one transaction,
+/// sent as `loader` says.
+async fn raw_apply(url: String, ops: Vec<Op>, batch: usize, loader: Loader) -> u64 {
     let mut conn = raw_connect(url).await;
     let mut applied = 0;
     for chunk in ops.chunks(batch) {
         let (deletes, upserts) = coalesce(chunk);
-        let mut sql = String::from("START TRANSACTION;");
-        if !deletes.is_empty() {
-            let ids: Vec<String> = deletes.iter().map(i64::to_string).collect();
-            write!(sql, "DELETE FROM items WHERE id IN ({});", ids.join(",")).unwrap();
-        }
-        if !upserts.is_empty() {
-            sql.push_str("INSERT INTO items (id, name, qty, price, updated_at) VALUES ");
-            for (n, r) in upserts.iter().enumerate() {
-                if n > 0 {
-                    sql.push(',');
-                }
-                write!(
-                    sql,
-                    "({}, '{}', {}, {}, TIMESTAMPADD(SECOND, {}, '2024-01-01 00:00:00'))",
-                    r.id, r.name, r.qty, r.price, r.updated_at
-                )
-                .unwrap();
-            }
-            write!(sql, "{UPSERT_TAIL};").unwrap();
-        }
-        sql.push_str("COMMIT;");
         // Lanes upserting neighbouring keys can deadlock on InnoDB's duplicate-check locks;
         // a hand-written loader retries too.
         let mut tries = 0;
-        while let Err(e) = conn.query_drop(&sql).await {
+        loop {
+            let done = match loader {
+                Loader::Text => text_batch(&mut conn, &deletes, &upserts).await,
+                Loader::Prepared => prepared_batch(&mut conn, &deletes, &upserts).await,
+                Loader::Bulk => bulk_batch(&mut conn, &deletes, &upserts).await,
+            };
+            let Err(e) = done else { break };
             tries += 1;
             assert!(tries < 20, "raw batch keeps failing: {e}");
             let _ = conn.query_drop("ROLLBACK").await;
@@ -111,49 +96,55 @@ async fn raw_apply(url: String, ops: Vec<Op>, batch: usize) -> u64 {
     applied
 }
 
+/// One batch as SQL text, DELETE … IN then a multi-row upsert, in one round trip.
+async fn text_batch(
+    conn: &mut mysql_async::Conn,
+    deletes: &[i64],
+    upserts: &[&common_backlog::Row],
+) -> Result<(), mysql_async::Error> {
+    let mut sql = String::from("START TRANSACTION;");
+    if !deletes.is_empty() {
+        let ids: Vec<String> = deletes.iter().map(i64::to_string).collect();
+        write!(sql, "DELETE FROM items WHERE id IN ({});", ids.join(",")).unwrap();
+    }
+    if !upserts.is_empty() {
+        sql.push_str("INSERT INTO items (id, name, qty, price, updated_at) VALUES ");
+        for (n, r) in upserts.iter().enumerate() {
+            if n > 0 {
+                sql.push(',');
+            }
+            write!(
+                sql,
+                "({}, '{}', {}, {}, TIMESTAMPADD(SECOND, {}, '2024-01-01 00:00:00'))",
+                r.id, r.name, r.qty, r.price, r.updated_at
+            )
+            .unwrap();
+        }
+        write!(sql, "{UPSERT_TAIL};").unwrap();
+    }
+    sql.push_str("COMMIT;");
+    conn.query_drop(&sql).await
+}
+
 /// Rows per prepared upsert: a few statement shapes (full groups and the remainders), so
 /// mysql_async's statement cache prepares each once per connection.
 const PREPARED_ROWS: usize = 100;
 
-/// The same batches as [`raw_apply`], through prepared statements in the binary protocol:
-/// the values travel as typed parameters instead of SQL literals the server must parse.
-async fn raw_apply_prepared(url: String, ops: Vec<Op>, batch: usize) -> u64 {
-    let mut conn = raw_connect(url).await;
-    let mut applied = 0;
-    for chunk in ops.chunks(batch) {
-        let (deletes, upserts) = coalesce(chunk);
-        let mut tries = 0;
-        while let Err(e) = prepared_batch(&mut conn, &deletes, &upserts).await {
-            tries += 1;
-            assert!(tries < 20, "prepared batch keeps failing: {e}");
-            let _ = conn.query_drop("ROLLBACK").await;
-            RAW_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        applied += chunk.len() as u64;
-    }
-    applied
+/// An upserted row's parameters, in column order.
+fn row_params(r: &common_backlog::Row) -> [mysql_async::Value; 5] {
+    use mysql_async::Value as My;
+    [
+        My::Int(r.id),
+        My::Bytes(r.name.clone().into_bytes()),
+        My::Int(i64::from(r.qty)),
+        My::Bytes(r.price.clone().into_bytes()),
+        My::Int(r.updated_at),
+    ]
 }
 
-/// The same batches again, through MariaDB's bulk execution (`COM_STMT_BULK_EXECUTE`, which
-/// mysql_async's `exec_batch` uses when the server offers it): one single-row statement, every
-/// row's parameters in one request.
-async fn raw_apply_bulk(url: String, ops: Vec<Op>, batch: usize) -> u64 {
-    let mut conn = raw_connect(url).await;
-    let mut applied = 0;
-    for chunk in ops.chunks(batch) {
-        let (deletes, upserts) = coalesce(chunk);
-        let mut tries = 0;
-        while let Err(e) = bulk_batch(&mut conn, &deletes, &upserts).await {
-            tries += 1;
-            assert!(tries < 20, "bulk batch keeps failing: {e}");
-            let _ = conn.query_drop("ROLLBACK").await;
-            RAW_RETRIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        applied += chunk.len() as u64;
-    }
-    applied
-}
-
+/// One batch by MariaDB's bulk execution (`COM_STMT_BULK_EXECUTE`, which mysql_async's
+/// `exec_batch` uses when the server offers it): one single-row statement, every row's
+/// parameters in one request.
 async fn bulk_batch(
     conn: &mut mysql_async::Conn,
     deletes: &[i64],
@@ -167,15 +158,7 @@ async fn bulk_batch(
             .await?;
     }
     if !upserts.is_empty() {
-        let params = upserts.iter().map(|r| {
-            vec![
-                My::Int(r.id),
-                My::Bytes(r.name.clone().into_bytes()),
-                My::Int(i64::from(r.qty)),
-                My::Bytes(r.price.clone().into_bytes()),
-                My::Int(r.updated_at),
-            ]
-        });
+        let params = upserts.iter().map(|r| row_params(r).to_vec());
         let sql = format!(
             "INSERT INTO items (id, name, qty, price, updated_at) VALUES (?, ?, ?, ?, \
              TIMESTAMPADD(SECOND, ?, '2024-01-01 00:00:00')){UPSERT_TAIL}"
@@ -185,6 +168,7 @@ async fn bulk_batch(
     conn.query_drop("COMMIT").await
 }
 
+/// One batch by multi-row prepared statements, [`PREPARED_ROWS`] rows per statement.
 async fn prepared_batch(
     conn: &mut mysql_async::Conn,
     deletes: &[i64],
@@ -201,16 +185,7 @@ async fn prepared_batch(
     for rows in upserts.chunks(PREPARED_ROWS) {
         let row = "(?, ?, ?, ?, TIMESTAMPADD(SECOND, ?, '2024-01-01 00:00:00'))";
         let marks = vec![row; rows.len()].join(",");
-        let mut params = Vec::with_capacity(rows.len() * 5);
-        for r in rows {
-            params.extend([
-                My::Int(r.id),
-                My::Bytes(r.name.clone().into_bytes()),
-                My::Int(i64::from(r.qty)),
-                My::Bytes(r.price.clone().into_bytes()),
-                My::Int(r.updated_at),
-            ]);
-        }
+        let params: Vec<My> = rows.iter().flat_map(|r| row_params(r)).collect();
         let sql = format!(
             "INSERT INTO items (id, name, qty, price, updated_at) VALUES {marks}{UPSERT_TAIL}"
         );
@@ -222,12 +197,22 @@ async fn prepared_batch(
 /// How a raw loader sends its batches.
 #[derive(Clone, Copy, PartialEq)]
 enum Loader {
-    /// SQL text, one round trip per batch ([`raw_apply`]), into `raw`.
+    /// SQL text, one round trip per batch ([`text_batch`]), into `raw`.
     Text,
-    /// Multi-row prepared statements ([`raw_apply_prepared`]), into `rawp`.
+    /// Multi-row prepared statements ([`prepared_batch`]), into `rawp`.
     Prepared,
-    /// Bulk execution of single-row statements ([`raw_apply_bulk`]), into `rawb`.
+    /// Bulk execution of single-row statements ([`bulk_batch`]), into `rawb`.
     Bulk,
+}
+
+impl Loader {
+    fn database(self) -> &'static str {
+        match self {
+            Loader::Text => "raw",
+            Loader::Prepared => "rawp",
+            Loader::Bulk => "rawb",
+        }
+    }
 }
 
 /// One raw loader over every lane's ops: changes applied, seconds, and the servers' CPU.
@@ -242,11 +227,7 @@ async fn raw_run(
     let started = Instant::now();
     let tasks: Vec<_> = per_lane
         .into_iter()
-        .map(|ops| match loader {
-            Loader::Text => tokio::spawn(raw_apply(my.url("raw"), ops, batch)),
-            Loader::Prepared => tokio::spawn(raw_apply_prepared(my.url("rawp"), ops, batch)),
-            Loader::Bulk => tokio::spawn(raw_apply_bulk(my.url("rawb"), ops, batch)),
-        })
+        .map(|ops| tokio::spawn(raw_apply(my.url(loader.database()), ops, batch, loader)))
         .collect();
     let mut applied = 0;
     for t in tasks {
