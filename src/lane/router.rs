@@ -252,4 +252,67 @@ mod tests {
             lane(Value::Timestamp(i64::MAX))
         );
     }
+
+    #[test]
+    fn table_hash_continues_key_hash_exactly() {
+        let t = TableHash::new("public", "orders");
+        for key in [
+            vec![Value::Int8(4471)],
+            vec![Value::Text("a".into()), Value::Int4(-2)],
+            Vec::new(),
+        ] {
+            assert_eq!(t.key_hash(&key), key_hash("public", "orders", &key));
+            assert_eq!(t.lane_of(&key, 7), lane_of("public", "orders", &key, 7));
+        }
+        assert_ne!(t, TableHash::new("public", "order"));
+    }
+
+    #[test]
+    fn a_key_moved_to_another_lane_is_planned_as_a_delete_there_then_the_row() {
+        let table = std::sync::Arc::new(crate::change::Table::new(
+            "public".into(),
+            "orders".into(),
+            Vec::new(),
+        ));
+        let hash = TableHash::new("public", "orders");
+        let lanes = 8;
+        let key = |k: i64| vec![Value::Int8(k)];
+        let moved = |old: i64, new: i64| Change {
+            position: crate::change::Position::new(crate::change::Lsn(9), 1),
+            op: crate::change::Op::Update,
+            table: table.clone(),
+            key: key(new),
+            old_key: Some(key(old)),
+            values: vec![Value::Int8(new)],
+        };
+        // Two keys on different lanes, and one sharing the first's lane.
+        let a = 1;
+        let b = (2..).find(|&k| hash.lane_of(&key(k), lanes) != hash.lane_of(&key(a), lanes));
+        let b = b.expect("some key on another lane");
+        let c = (b + 1..).find(|&k| hash.lane_of(&key(k), lanes) == hash.lane_of(&key(a), lanes));
+        let c = c.expect("some key on the same lane");
+
+        let parts: Vec<_> = plan(moved(a, b), hash, lanes).collect();
+        assert_eq!(parts.len(), 2);
+        let (lane, delete, counts) = &parts[0];
+        assert_eq!(*lane, hash.lane_of(&key(a), lanes));
+        assert_eq!(
+            (delete.op, &delete.key, counts),
+            (crate::change::Op::Delete, &key(a), &false)
+        );
+        assert!(delete.values.is_empty() && delete.old_key.is_none());
+        let (lane, upsert, counts) = &parts[1];
+        assert_eq!(*lane, hash.lane_of(&key(b), lanes));
+        assert_eq!(
+            (&upsert.key, &upsert.old_key, counts),
+            (&key(b), &None, &true)
+        );
+        assert_eq!(delete.position, upsert.position);
+
+        // Both keys on one lane: the change travels whole, the sink deletes the old key.
+        let parts: Vec<_> = plan(moved(a, c), hash, lanes).collect();
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].1.old_key, Some(key(a)));
+        assert!(parts[0].2);
+    }
 }
