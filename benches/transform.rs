@@ -76,9 +76,9 @@ fn batch(n: usize) -> Vec<Change> {
                 old_key: None,
                 values: vec![
                     Value::Int8(id),
-                    Value::Text(format!("customer{id}@example.com")),
-                    Value::Text(format!("Customer Number {id}")),
-                    Value::Numeric(format!("{}.{:02}", id * 7, id % 100)),
+                    Value::Text(format!("customer{id}@example.com").into()),
+                    Value::Text(format!("Customer Number {id}").into()),
+                    Value::Numeric(format!("{}.{:02}", id * 7, id % 100).into()),
                     Value::Text("active".into()),
                     Value::TimestampTz(1_700_000_000_000_000 + id),
                     Value::Bool(id % 2 == 0),
@@ -121,7 +121,7 @@ fn native_mask(changes: Vec<Change>) -> Vec<(usize, Change)> {
                 .collect();
             for i in masked {
                 if let Some(Value::Text(s)) = c.values.get_mut(i) {
-                    *s = mask_text(s);
+                    *s = mask_text(s).into();
                 }
             }
             c

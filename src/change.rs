@@ -9,6 +9,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+pub use compact_str::CompactString;
+
 /// A source log position: a PostgreSQL write-ahead-log position (`pg_lsn`, 64 bits, printed
 /// `X/Y` in hex) or a SQL Server log sequence number (80 bits, printed as 20 hex digits).
 /// Wide enough for both, so checkpoints and the ack tracker need not know the source.
@@ -123,6 +125,10 @@ impl Op {
 /// cover PostgreSQL's whole range: dates count days from 1970-01-01, timestamps count
 /// microseconds from PostgreSQL's epoch, 2000-01-01 (see [`PG_EPOCH_MICROS`] for why, and
 /// [`timestamp_to_unix_micros`] to convert).
+///
+/// Values kept as text are [`CompactString`]s: up to 24 bytes sit in the value itself, so the
+/// common short value costs no allocation where it is decoded and no free on the lane's
+/// thread that drops it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     /// SQL NULL.
@@ -140,9 +146,9 @@ pub enum Value {
     /// `double precision`.
     Float8(f64),
     /// `numeric`, as PostgreSQL prints it (full precision; may be `NaN`, `Infinity`, `-Infinity`).
-    Numeric(String),
+    Numeric(CompactString),
     /// `text`, `varchar`, `char`, `name`.
-    Text(String),
+    Text(CompactString),
     /// `bytea`.
     Bytes(Vec<u8>),
     /// `date`: days since 1970-01-01, from [`DATE_MIN`] to [`DATE_MAX`] (PostgreSQL's whole
@@ -162,13 +168,13 @@ pub enum Value {
     /// `uuid`.
     Uuid([u8; 16]),
     /// `json` or `jsonb`, as text.
-    Json(String),
+    Json(CompactString),
     /// Any other type, as PostgreSQL's text output, with the type's OID.
     Other {
         /// The PostgreSQL type OID.
         type_oid: u32,
         /// The value's text representation.
-        text: String,
+        text: CompactString,
     },
     /// A TOASTed value the update did not touch: the sink must keep its current value.
     Unchanged,

@@ -15,7 +15,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::change::{self, Change, Lsn, Op, Position};
+use crate::change::{self, Change, CompactString, Lsn, Op, Position};
 
 /// What `bindgen!` makes of `wit/`; [`super::abi`] says how `limits.output` is kept.
 pub(super) mod generated {
@@ -192,7 +192,7 @@ pub(super) struct Buffers {
 
 /// An input buffer as it came: a `String` goes back as one without being validated again.
 enum Buffer {
-    Text(String),
+    Text(CompactString),
     Bytes(Vec<u8>),
 }
 
@@ -262,7 +262,7 @@ impl Values {
         w::Span { start, len }
     }
 
-    fn text(&mut self, s: String) -> w::Span {
+    fn text(&mut self, s: CompactString) -> w::Span {
         self.keep(Buffer::Text(s))
     }
 
@@ -329,24 +329,22 @@ impl<'a> Data<'a> {
     }
 
     #[inline(always)]
-    fn text(&self, s: w::Span) -> Result<String, String> {
+    fn text(&self, s: w::Span) -> Result<CompactString, String> {
         let not_utf8 = |e: std::str::Utf8Error| {
             format!("data span {}+{} is not UTF-8 text: {e}", s.start, s.len)
         };
         match self.buffers.and_then(|b| b.take(s)) {
             Some(Buffer::Text(s)) => Ok(s),
             // A guest may point a text value at what was a bytea.
-            Some(Buffer::Bytes(b)) => String::from_utf8(b).map_err(|e| not_utf8(e.utf8_error())),
-            None => std::str::from_utf8(self.bytes(s)?)
-                .map(str::to_owned)
-                .map_err(not_utf8),
+            Some(Buffer::Bytes(b)) => CompactString::from_utf8(b).map_err(not_utf8),
+            None => CompactString::from_utf8(self.bytes(s)?).map_err(not_utf8),
         }
     }
 
     #[inline(always)]
     fn byte_string(&self, s: w::Span) -> Result<Vec<u8>, String> {
         match self.buffers.and_then(|b| b.take(s)) {
-            Some(Buffer::Text(s)) => Ok(s.into_bytes()),
+            Some(Buffer::Text(s)) => Ok(s.into_string().into_bytes()),
             Some(Buffer::Bytes(b)) => Ok(b),
             None => Ok(self.bytes(s)?.to_vec()),
         }

@@ -357,13 +357,13 @@ fn value_from_json(v: &Json, oid: u32) -> Result<Value, String> {
             }
         }
         1700 => Value::Numeric(match v {
-            Json::Number(n) => n.to_string(),
-            _ => text()?,
+            Json::Number(n) => n.to_string().into(),
+            _ => text()?.into(),
         }),
-        25 | 1043 | 1042 | 19 => Value::Text(text()?),
+        25 | 1043 | 1042 | 19 => Value::Text(text()?.into()),
         114 | 3802 => Value::Json(match v {
-            Json::String(s) => s.clone(),
-            other => other.to_string(),
+            Json::String(s) => s.as_str().into(),
+            other => other.to_string().into(),
         }),
         17 => {
             let s = text()?;
@@ -401,7 +401,7 @@ fn value_from_json(v: &Json, oid: u32) -> Result<Value, String> {
         }
         other => Value::Other {
             type_oid: other,
-            text: text()?,
+            text: text()?.into(),
         },
     })
 }

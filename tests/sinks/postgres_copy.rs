@@ -92,7 +92,7 @@ fn row(id: i64) -> (Vec<Value>, String) {
         if id % 4 == 0 {
             Value::Null
         } else {
-            Value::Text(format!("tab\tnl\n{id} ✓"))
+            Value::Text(format!("tab\tnl\n{id} ✓").into())
         },
         Value::Text("héllo".into()),
     ];
@@ -252,7 +252,7 @@ async fn tables_with_rules_get_their_fresh_rows_by_insert() {
             insert(
                 &t,
                 pos(30, id as u32),
-                vec![Value::Int8(id), Value::Text(format!("n{id}"))],
+                vec![Value::Int8(id), Value::Text(format!("n{id}").into())],
             )
         })
         .collect();

@@ -96,8 +96,8 @@ fn batch(n: i64) -> Vec<Change> {
             old_key: None,
             values: vec![
                 Value::Int8(id),
-                Value::Text(format!("user{id}@example.com")),
-                Value::Text(format!("User {id}")),
+                Value::Text(format!("user{id}@example.com").into()),
+                Value::Text(format!("User {id}").into()),
             ],
         })
         .collect()
@@ -584,7 +584,7 @@ fn every_type_and_op() -> Vec<Change> {
             Op::Insert,
             key(i64::MAX),
             None,
-            row(i64::MAX, Value::Text(String::new()), true),
+            row(i64::MAX, Value::Text("".into()), true),
         ),
         change(
             2,

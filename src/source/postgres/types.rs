@@ -146,17 +146,17 @@ pub(crate) fn parse_text(type_oid: u32, text: &[u8]) -> Result<Value, TypeError>
         )),
         FLOAT4 => Value::Float4(parse_float(s).map_err(err)?),
         FLOAT8 => Value::Float8(parse_float(s).map_err(err)?),
-        NUMERIC => Value::Numeric(s.to_owned()),
-        TEXT | VARCHAR | BPCHAR | NAME | CHAR => Value::Text(s.to_owned()),
+        NUMERIC => Value::Numeric(s.into()),
+        TEXT | VARCHAR | BPCHAR | NAME | CHAR => Value::Text(s.into()),
         DATE => Value::Date(parse_date(s).map_err(err)?),
         TIME => Value::Time(parse_time(s).map_err(err)?),
         TIMESTAMP => Value::Timestamp(parse_timestamp(s, false).map_err(err)?),
         TIMESTAMPTZ => Value::TimestampTz(parse_timestamp(s, true).map_err(err)?),
         UUID => Value::Uuid(parse_uuid(s).map_err(err)?),
-        JSON | JSONB => Value::Json(s.to_owned()),
+        JSON | JSONB => Value::Json(s.into()),
         _ => Value::Other {
             type_oid,
-            text: s.to_owned(),
+            text: s.into(),
         },
     };
     Ok(value)

@@ -224,7 +224,7 @@ pub(crate) fn to_value(ty: SqlType, data: &ColumnData<'_>) -> Result<Value, Stri
         ColumnData::Numeric(Some(n))
             if matches!(ty, SqlType::Decimal | SqlType::Money | SqlType::SmallMoney) =>
         {
-            Ok(Value::Numeric(decimal_text(n.value(), n.scale())))
+            Ok(Value::Numeric(decimal_text(n.value(), n.scale()).into()))
         }
         ColumnData::String(Some(s))
             if matches!(
@@ -232,9 +232,9 @@ pub(crate) fn to_value(ty: SqlType, data: &ColumnData<'_>) -> Result<Value, Stri
                 SqlType::String { .. } | SqlType::Text | SqlType::NText | SqlType::Xml
             ) =>
         {
-            Ok(Value::Text(s.to_string()))
+            Ok(Value::Text((&**s).into()))
         }
-        ColumnData::Xml(Some(x)) if ty == SqlType::Xml => Ok(Value::Text(x.to_string())),
+        ColumnData::Xml(Some(x)) if ty == SqlType::Xml => Ok(Value::Text(x.to_string().into())),
         ColumnData::Binary(Some(b)) if matches!(ty, SqlType::Binary { .. } | SqlType::Image) => {
             Ok(Value::Bytes(b.to_vec()))
         }

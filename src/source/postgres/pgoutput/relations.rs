@@ -371,17 +371,19 @@ fn check_types(old: &Table, new: &Table, rel_id: u32) -> Result<(), ChangeError>
 
 /// The key column values of a parsed row (which has one value per column).
 fn key_of(table: &Table, row: &[Value]) -> Result<Vec<Value>, ChangeError> {
-    table
-        .key
-        .iter()
-        .map(|&i| match &row[i] {
-            Value::Unchanged => Err(ChangeError::MissingKey {
-                table: table.qualified_name(),
-                column: table.columns[i].name.clone(),
-            }),
-            v => Ok(v.clone()),
-        })
-        .collect()
+    let mut key = Vec::with_capacity(table.key.len());
+    for &i in &table.key {
+        key.push(match &row[i] {
+            Value::Unchanged => {
+                return Err(ChangeError::MissingKey {
+                    table: table.qualified_name(),
+                    column: table.columns[i].name.clone(),
+                });
+            }
+            v => v.clone(),
+        });
+    }
+    Ok(key)
 }
 
 /// Parses a tuple's values by the table's column types.
@@ -394,24 +396,29 @@ fn parse_row(table: &Table, tuple: &'static str, raw: &Tuple) -> Result<Vec<Valu
             found: raw.len(),
         });
     }
-    raw.values()
-        .zip(&table.columns)
-        .map(|(v, col)| match v {
-            TupleValue::Null => Ok(Value::Null),
-            TupleValue::Unchanged => Ok(Value::Unchanged),
+    // Sized up front: collecting a fallible iterator would grow the vector from its
+    // unknown lower bound, a reallocation per row.
+    let mut values = Vec::with_capacity(table.columns.len());
+    for (v, col) in raw.values().zip(&table.columns) {
+        values.push(match v {
+            TupleValue::Null => Value::Null,
+            TupleValue::Unchanged => Value::Unchanged,
             TupleValue::Text(text) => {
                 types::parse_text(col.type_oid, text).map_err(|source| ChangeError::Value {
                     table: table.qualified_name(),
                     column: col.name.clone(),
                     source,
-                })
+                })?
             }
-            TupleValue::Binary(_) => Err(ChangeError::Binary {
-                table: table.qualified_name(),
-                column: col.name.clone(),
-            }),
-        })
-        .collect()
+            TupleValue::Binary(_) => {
+                return Err(ChangeError::Binary {
+                    table: table.qualified_name(),
+                    column: col.name.clone(),
+                });
+            }
+        });
+    }
+    Ok(values)
 }
 
 #[cfg(test)]
