@@ -344,12 +344,15 @@ impl ReplicationConn {
         self.writer.flush().await
     }
 
+    /// `rbuf` holds one whole frame.
+    fn has_frame(&self) -> bool {
+        frame_header(&self.rbuf).is_some_and(|(_, len)| self.rbuf.len() > len)
+    }
+
     /// Read until `rbuf` holds one whole frame.
     async fn fill_frame(&mut self) -> io::Result<()> {
         loop {
-            if let Some((_, len)) = frame_header(&self.rbuf)
-                && self.rbuf.len() > len
-            {
+            if self.has_frame() {
                 return Ok(());
             }
             if self.rbuf.capacity() - self.rbuf.len() < 8192 {
@@ -412,19 +415,34 @@ impl ReplicationStream {
     /// The next XLogData or keepalive. Cancel-safe: a partly read frame stays buffered.
     pub(crate) async fn recv(&mut self) -> Result<ReplMessage, ConnError> {
         loop {
-            let conn = &mut self.conn;
-            conn.fill_frame().await?;
-            match conn.parse_one()? {
-                Message::CopyData(body) => return parse_copy_data(body.into_bytes()),
-                Message::ErrorResponse(body) => return Err(ConnError::from_error_body(&body)),
-                Message::CopyDone => {
-                    return Err(ConnError::Io(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        "the server ended the replication stream",
-                    )));
-                }
-                _ => {}
+            self.conn.fill_frame().await?;
+            if let Some(msg) = self.next_frame()? {
+                return Ok(msg);
             }
+        }
+    }
+
+    /// The next XLogData or keepalive whose frame is already buffered, without reading the
+    /// socket; `None` when no whole one is.
+    pub(crate) fn buffered(&mut self) -> Result<Option<ReplMessage>, ConnError> {
+        while self.conn.has_frame() {
+            if let Some(msg) = self.next_frame()? {
+                return Ok(Some(msg));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Parses the buffered frame at the head; `None` for a message the stream skips.
+    fn next_frame(&mut self) -> Result<Option<ReplMessage>, ConnError> {
+        match self.conn.parse_one()? {
+            Message::CopyData(body) => parse_copy_data(body.into_bytes()).map(Some),
+            Message::ErrorResponse(body) => Err(ConnError::from_error_body(&body)),
+            Message::CopyDone => Err(ConnError::Io(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server ended the replication stream",
+            ))),
+            _ => Ok(None),
         }
     }
 
@@ -530,6 +548,54 @@ mod tests {
         ));
         assert!(parse_copy_data(Bytes::from_static(b"k\0")).is_err());
         assert!(parse_copy_data(Bytes::from_static(b"z")).is_err());
+    }
+
+    /// A CopyData frame holding a keepalive at `wal_end`.
+    fn keepalive_frame(wal_end: u64) -> Vec<u8> {
+        let mut f = vec![b'd'];
+        f.extend_from_slice(&(4 + 18_i32).to_be_bytes());
+        f.push(b'k');
+        f.extend_from_slice(&wal_end.to_be_bytes());
+        f.extend_from_slice(&0_i64.to_be_bytes());
+        f.push(0);
+        f
+    }
+
+    fn wal_end(msg: ReplMessage) -> u128 {
+        match msg {
+            ReplMessage::Keepalive { wal_end, .. } | ReplMessage::XLogData { wal_end, .. } => {
+                wal_end.0
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn buffered_takes_only_whole_frames_already_read() {
+        use tokio::io::AsyncWriteExt;
+        let (ours, mut server) = tokio::io::duplex(4096);
+        let (reader, writer) = tokio::io::split(Box::new(ours) as Box<dyn Io>);
+        let mut stream = ReplicationStream {
+            conn: ReplicationConn {
+                reader,
+                writer,
+                rbuf: BytesMut::with_capacity(1024),
+                wbuf: BytesMut::new(),
+            },
+        };
+        // Two whole frames, a notice (skipped) and the first half of a third, in one write.
+        let third = keepalive_frame(3);
+        let mut wire = keepalive_frame(1);
+        wire.extend(keepalive_frame(2));
+        wire.extend([b'N', 0, 0, 0, 5, 0]);
+        wire.extend(&third[..10]);
+        server.write_all(&wire).await.unwrap();
+        assert_eq!(wal_end(stream.recv().await.unwrap()), 1);
+        assert_eq!(wal_end(stream.buffered().unwrap().unwrap()), 2);
+        // The notice is passed over; half a frame is not a message and is not waited for.
+        assert!(stream.buffered().unwrap().is_none());
+        server.write_all(&third[10..]).await.unwrap();
+        assert_eq!(wal_end(stream.recv().await.unwrap()), 3);
+        assert!(stream.buffered().unwrap().is_none());
     }
 
     #[test]

@@ -267,6 +267,9 @@ fn conn_error(opts: &config::PostgresSource, e: ConnError) -> SourceError {
     }
 }
 
+/// Most messages handled in one go from what the socket already delivered.
+const BURST: usize = 1024;
+
 async fn session(
     st: &mut State<'_>,
     params: &ConnectParams,
@@ -317,8 +320,20 @@ async fn session(
                 Flow::Continue
             }
             Wake::Msg(msg) => {
-                let flow =
+                let mut flow =
                     on_message(st, &mut stream, msg.map_err(|e| conn_error(opts, e))?).await?;
+                // The frames already received are handled before going back to the select,
+                // whose watch and timer registrations cost more than decoding a row; the burst
+                // is bounded so a stop or the frontier waits at most that many messages.
+                let mut burst = 1;
+                while let Flow::Continue = flow
+                    && burst < BURST
+                    && !st.emitter.is_full()
+                    && let Some(msg) = stream.buffered().map_err(|e| conn_error(opts, e))?
+                {
+                    flow = on_message(st, &mut stream, msg).await?;
+                    burst += 1;
+                }
                 // Time spent waiting for room is not the server's silence.
                 st.last_heard = Instant::now();
                 flow
