@@ -151,15 +151,18 @@ impl Cpu {
         }
     }
     /// The per-change line of a phase that applied `changes` changes, Zipline having used
-    /// `zipline` CPU seconds in it.
-    fn per_change(&self, zipline: f64, changes: usize) -> String {
+    /// `zipline` CPU seconds in it (`None` in the native phase, where it does not run).
+    fn per_change(&self, zipline: Option<f64>, changes: usize) -> String {
         let us = |secs: f64| secs * 1e6 / changes as f64;
-        format!(
-            "CPU µs per change: source {:.1}, target {:.1}, zipline {:.1}",
+        let mut line = format!(
+            "CPU µs per change: source {:.1}, target {:.1}",
             us(self.src),
             us(self.dst),
-            us(zipline)
-        )
+        );
+        if let Some(zipline) = zipline {
+            line.push_str(&format!(", zipline {:.1}", us(zipline)));
+        }
+        line
     }
 }
 
@@ -414,7 +417,7 @@ async fn main() {
         na_cpu.dst
     );
     // Zipline does not run in the native phase.
-    println!("    {}", na_cpu.per_change(0.0, total));
+    println!("    {}", na_cpu.per_change(None, total));
     println!(
         "(b) zipline backlog [{setup}]: {total} changes applied in {zl_applied:.2}s = {:.0} \
          changes/s (slot confirmed after {zl_confirmed:.2}s = {:.0}/s); CPU: source {:.1}s, \
@@ -426,7 +429,7 @@ async fn main() {
         zl_cpu.dst,
         zl_rss as f64 / 1024.0
     );
-    println!("    {}", zl_cpu.per_change(zl_cpu_s, total));
+    println!("    {}", zl_cpu.per_change(Some(zl_cpu_s), total));
     println!(
         "    ratio zipline/native [{setup}]: {:.2} (applied), {:.2} (confirmed); load average \
          now {}",
