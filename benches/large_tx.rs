@@ -2,12 +2,17 @@
 //! server streams it in progress (pgoutput protocol 2) and Zipline spills it to disk, then
 //! applies it at commit. Prints the apply rate, peak RSS and how the server sent it.
 //!
-//! `cargo bench --bench large_tx` (env: `ZIPLINE_BENCH_ROWS`, default 1,000,000).
+//! `cargo bench --bench large_tx` (env: `ZIPLINE_BENCH_ROWS`, default 1,000,000;
+//! `ZIPLINE_BENCH_WRAP` as in the backlog benchmarks). Zipline primes its own slot first: a
+//! slot made by hand would be refused as a sink that lost its state.
 
 #[path = "../tests/common/mod.rs"]
 pub mod common;
+pub mod common_backlog;
 
 use std::time::{Duration, Instant};
+
+use common_backlog::{prime, spawn_zipline};
 
 fn peak_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -17,6 +22,20 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// Bytes in the files under `dir`: the spill files sit in a directory per run.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 fn main() {
@@ -32,15 +51,26 @@ fn main() {
         "CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, qty int NOT NULL, price numeric(12,2) NOT NULL, note text)",
     );
     pg.psql("bench", "CREATE PUBLICATION zbig FOR TABLE items");
-    pg.psql(
-        "bench",
-        "SELECT pg_create_logical_replication_slot('zbig', 'pgoutput')",
-    );
     my.create_database("zl");
     my.sql(
         "zl",
         "CREATE TABLE items (id BIGINT PRIMARY KEY, name VARCHAR(64) NOT NULL, qty INT NOT NULL, price DECIMAL(12,2) NOT NULL, note TEXT)",
     );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = dir.path().join("big.yaml");
+    std::fs::write(
+        &yaml,
+        format!(
+            "name: big\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbig\n    slot_name: zbig\n    snapshot: never\n    tables: [public.items]\n    spill_dir: {}\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\nroutes:\n  - from: pg\n    to: [my]\n",
+            pg.port,
+            dir.path().join("spill").display(),
+            my.port
+        ),
+    )
+    .expect("write yaml");
+    // Zipline creates the slot and records where the pipeline starts; the transaction written
+    // next is then caught up as after an outage.
+    prime(&pg, "bench", "zbig", &yaml, &dir.path().join("prime.log"));
     let started = Instant::now();
     pg.psql(
         "bench",
@@ -54,38 +84,14 @@ fn main() {
         started.elapsed().as_secs_f64()
     );
 
-    let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = dir.path().join("big.yaml");
-    std::fs::write(
-        &yaml,
-        format!(
-            "name: big\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbig\n    slot_name: zbig\n    tables: [public.items]\n    spill_dir: {}\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\nroutes:\n  - from: pg\n    to: [my]\n",
-            pg.port,
-            dir.path().join("spill").display(),
-            my.port
-        ),
-    )
-    .expect("write yaml");
-    let log = std::fs::File::create(dir.path().join("zipline.log")).expect("log");
     let started = Instant::now();
-    let mut child = std::process::Command::new(common::zipline_bin())
-        .args(["pipeline", "apply", "--log-format", "text", "-f"])
-        .arg(&yaml)
-        .stderr(log)
-        .spawn()
-        .expect("spawn zipline");
+    let mut child = spawn_zipline(&yaml, &dir.path().join("zipline.log"));
     let pid = child.id();
     let mut peak = 0;
     let mut spill_peak = 0u64;
     loop {
         peak = peak.max(peak_rss_kib(pid));
-        let spilled: u64 = std::fs::read_dir(dir.path().join("spill"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.metadata().ok())
-            .map(|m| m.len())
-            .sum();
+        let spilled = dir_bytes(&dir.path().join("spill"));
         spill_peak = spill_peak.max(spilled);
         let done = pg.psql(
             "bench",
