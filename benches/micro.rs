@@ -6,7 +6,8 @@
 //!   four lane queues, the lanes taking them and acking, the frontier following;
 //! - `coalesce`: a lane batch to the last effect per key;
 //! - `mysql_statements`, `postgres_statements`: the sinks' statements of a lane batch, built and
-//!   (PostgreSQL) encoded as sent.
+//!   (PostgreSQL) encoded as sent; `mysql_bulk_statements`: the MariaDB sink's bulk statements
+//!   and their parameters (before the driver encodes them).
 //!
 //! Every benchmark works on the same 1,000 changes, the backlog benchmarks' mix on their
 //! `items` table (`benches/common_backlog`): transactions of 100 changes, 60 inserts, 30
@@ -246,6 +247,16 @@ fn mysql_statements(bencher: Bencher) {
     bencher.counter(ItemsCount::new(CHANGES)).bench_local(|| {
         buf.clear();
         black_box(bench::mysql::statements(&batch.shared, &mut buf).expect("statements"));
+    });
+}
+
+#[divan::bench]
+fn mysql_bulk_statements(bencher: Bencher) {
+    let batch = &*BATCH;
+    let mut buf = String::new();
+    bencher.counter(ItemsCount::new(CHANGES)).bench_local(|| {
+        buf.clear();
+        black_box(bench::mysql::bulk_statements(&batch.shared, &mut buf).expect("statements"));
     });
 }
 

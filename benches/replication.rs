@@ -19,7 +19,8 @@
 //! both databases ended identical.
 //!
 //! `cargo bench --bench replication` (env: `ZIPLINE_BENCH_CHANGES`, `ZIPLINE_BENCH_LANES`,
-//! `ZIPLINE_BENCH_BATCH`).
+//! `ZIPLINE_BENCH_BATCH`, and `ZIPLINE_BENCH_BULK_MIN_ROWS` for the sink's `bulk_min_rows`,
+//! `0` to compare with text statements only).
 
 #[path = "../tests/common/mod.rs"]
 pub mod common;
@@ -288,10 +289,14 @@ async fn main() {
     // after an outage.
     let dir = tempfile::tempdir().expect("tempdir");
     let yaml = dir.path().join("bench.yaml");
+    // The sink's bulk execution threshold (0: text statements only); unset, its default.
+    let bulk = std::env::var("ZIPLINE_BENCH_BULK_MIN_ROWS")
+        .map(|n| format!("    bulk_min_rows: {n}\n"))
+        .unwrap_or_default();
     std::fs::write(
         &yaml,
         format!(
-            "name: bench\nsettings: {{ progress_interval: 5s }}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: zbench\n    tables: [public.items]\n    snapshot: never\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\n    lanes: {lanes}\n    batch_size: {batch}\nroutes:\n  - from: pg\n    to: [my]\n",
+            "name: bench\nsettings: {{ progress_interval: 5s }}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: zbench\n    tables: [public.items]\n    snapshot: never\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\n    lanes: {lanes}\n    batch_size: {batch}\n{bulk}routes:\n  - from: pg\n    to: [my]\n",
             pg.port, my.port
         ),
     )
@@ -423,7 +428,11 @@ async fn main() {
         raw_secs / bulk_secs,
         bulk_cpu.my * 1e6 / bulk_applied as f64,
     );
-    println!("ratio zipline/raw   : {:.2}", zl_rate / raw_rate);
+    println!(
+        "ratio zipline/raw   : {:.2} (to the bulk loader {:.2})",
+        zl_rate / raw_rate,
+        zl_rate * bulk_secs / bulk_applied as f64
+    );
     println!(
         "zipline peak RSS    : {:.1} MiB, CPU {:.2}s = {:.2} CPU-µs per change, exit {status}",
         peak.0 as f64 / 1024.0,

@@ -10,7 +10,7 @@ pub use crate::source::postgres::bench::PgoutputDecoder;
 
 /// Statement building of the MySQL/MariaDB sink.
 pub mod mysql {
-    pub use crate::sink::mysql::bench::statements;
+    pub use crate::sink::mysql::bench::{bulk_statements, statements};
 }
 
 /// Statement building of the PostgreSQL sink.

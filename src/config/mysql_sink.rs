@@ -65,6 +65,11 @@ pub struct MysqlSink {
         deserialize_with = "values::count_usize"
     )]
     pub queue_capacity: usize,
+    /// A group of at least this many rows of one table (same columns) is written by MariaDB's
+    /// bulk execution of one prepared statement; smaller groups, and all on MySQL, as
+    /// multi-row SQL text. 0 writes text only. Default 8.
+    #[serde(default = "defaults::usize_::<8>", deserialize_with = "bulk_min_rows")]
+    pub bulk_min_rows: usize,
     /// Time allowed for opening a connection and setting up its session. Default 10s.
     #[serde(
         default = "defaults::secs::<10>",
@@ -147,6 +152,10 @@ fn database<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 /// `lanes` of any sink type: 1–256.
 pub(crate) fn lanes<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     values::ranged(d, 1, 256).map(|n| n as u32)
+}
+
+fn bulk_min_rows<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    values::ranged(d, 0, values::COUNT_MAX).map(|n| n as usize)
 }
 
 /// The default `dead_letter_table` of any sink type.

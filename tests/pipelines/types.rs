@@ -4,7 +4,8 @@
 //! unicode, empty and nested arrays, NULL everywhere), through
 //! a pipeline with `create_tables: true`:
 //!
-//! - `mysql_sink_round_trips_the_type_zoo`: the initial snapshot (LOAD DATA) and then streamed
+//! - `mysql_sink_round_trips_the_type_zoo` (and `…_in_bulk`, through MariaDB's bulk
+//!   execution): the initial snapshot (LOAD DATA) and then streamed
 //!   inserts and updates (lane upserts) of the same values; the sink equals the source value
 //!   for value through the mapping documented in `docs/types.md` (NULL where MySQL has no
 //!   equivalent, and a warning saying so).
@@ -212,10 +213,20 @@ async fn my_enum(my: &mut mysql_async::Conn) -> Rows {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_sink_round_trips_the_type_zoo() {
+    mysql_zoo("bulk_min_rows: 0").await;
+}
+
+/// The same with every streamed group written by MariaDB's bulk execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_sink_round_trips_the_type_zoo_in_bulk() {
+    mysql_zoo("bulk_min_rows: 1").await;
+}
+
+async fn mysql_zoo(bulk: &str) {
     let mut fx = Fixture::servers();
     fx.pg.psql(PG_DB, zoo::SOURCE_DDL);
     fx.pg.psql(PG_DB, zoo::ROWS);
-    fx.write_pipeline(&pipeline_yaml(&opts(&["create_tables: true"])));
+    fx.write_pipeline(&pipeline_yaml(&opts(&["create_tables: true", bulk])));
     let pg = fx.pg_client().await;
     let mut my = fx.my_checker().await;
     let mut z = fx.apply();

@@ -45,7 +45,11 @@ macro_rules! contract {
     )+};
 }
 
-contract!(mysql: MysqlUnderTest, postgres: PostgresUnderTest);
+contract!(
+    mysql: MysqlUnderTest<false>,
+    mysql_bulk: MysqlUnderTest<true>,
+    postgres: PostgresUnderTest,
+);
 
 /// `connector`'s tables checked, or a panic with its message.
 async fn checked<S: SinkUnderTest>(

@@ -162,12 +162,24 @@ async fn check_tables_reports_what_the_operator_must_fix() {
 /// the other row. The PostgreSQL sink has always refused such rows (23505).
 #[tokio::test]
 async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_neither() {
+    unique_conflict(0).await;
+}
+
+/// The same through MariaDB's bulk execution, where the statement holds no rows to name.
+#[tokio::test]
+async fn a_conflict_on_another_unique_key_in_bulk_fails_naming_both_rows_and_touches_neither() {
+    unique_conflict(1).await;
+}
+
+async fn unique_conflict(bulk_min_rows: usize) {
     use zipline::sink::{SinkErrorKind, SnapshotChunk};
     let db = server(
         "CREATE TABLE members (id INT PRIMARY KEY, email VARCHAR(64) NOT NULL, \
                      note TEXT NULL, UNIQUE KEY uq_email (email))",
     );
-    let connector = claimed(MysqlConnector::new(PIPELINE, options(&db))).await;
+    let mut opts = options(&db);
+    opts.bulk_min_rows = bulk_min_rows;
+    let connector = claimed(MysqlConnector::new(PIPELINE, opts)).await;
     let t = table(
         "members",
         &[("id", true), ("email", false), ("note", false)],
@@ -227,6 +239,20 @@ async fn a_conflict_on_another_unique_key_fails_naming_both_rows_and_touches_nei
         "1\ta@x\tfirst\n2\tb@x\tsecond"
     );
     assert_eq!(lane.checkpoint(), Some(pos(10, 2)));
+    // Bulk execution prepares the upsert once and sends one request per batch (three), not
+    // one per row (four); text statements prepare nothing. The server is the test's own.
+    let executed = db.sql(
+        "",
+        "SHOW GLOBAL STATUS WHERE Variable_name IN ('Com_stmt_prepare', 'Com_stmt_execute')",
+    );
+    let expected = if bulk_min_rows > 0 { (3, 1) } else { (0, 0) };
+    assert_eq!(
+        executed,
+        format!(
+            "Com_stmt_execute\t{}\nCom_stmt_prepare\t{}",
+            expected.0, expected.1
+        )
+    );
 
     // The snapshot path: LOAD DATA … REPLACE would have deleted row 1 to make room.
     let chunk = SnapshotChunk {

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use super::plan::Plan;
+use super::plan::{Bulk, Plan};
 use crate::change::Change;
 use crate::sink::SinkError;
 
@@ -12,6 +12,19 @@ pub fn statements(changes: &[Arc<Change>], buf: &mut String) -> Result<usize, Si
     let mut plan = Plan::build(changes, "bench", "bench")?;
     let mut n = 0;
     while plan.next_statement(buf)?.is_some() {
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Builds every statement of a lane batch for bulk execution (every group bulk, as with
+/// `bulk_min_rows: 1`), the rows' parameters included; the number of statements. The
+/// driver's encoding of the parameters is not included.
+pub fn bulk_statements(changes: &[Arc<Change>], buf: &mut String) -> Result<usize, SinkError> {
+    let mut plan = Plan::build(changes, "bench", "bench")?;
+    let mut bulk = Bulk::new(1);
+    let mut n = 0;
+    while plan.next_step(buf, Some(&mut bulk))?.is_some() {
         n += 1;
     }
     Ok(n)

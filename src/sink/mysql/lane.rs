@@ -9,7 +9,7 @@ use mysql_async::prelude::Queryable;
 
 use super::errors::{self, sink_error};
 use super::literal::{push_ident, push_value};
-use super::plan::{Plan, StmtInfo};
+use super::plan::{Bulk, Plan, StmtInfo};
 use super::{ROLLBACK_TIMEOUT, Shared, checkpoint, close, dead_letter, fence, unique};
 use crate::change::{Change, Position, Table, Value};
 use crate::error::ErrorClass;
@@ -25,6 +25,8 @@ pub(super) struct MysqlLane {
     pub(super) checkpoint: Option<Position>,
     /// Reused for every statement.
     pub(super) buf: String,
+    /// Reused for every bulk statement (MariaDB only, see `plan/bulk.rs`).
+    pub(super) bulk: Bulk,
     /// A transaction was started and not yet ended: a previous call was cancelled midway.
     pub(super) in_tx: bool,
     /// Table shapes the sink tables are known to fit (see `evolve.rs`).
@@ -118,6 +120,7 @@ impl MysqlLane {
             shared,
             conn,
             buf,
+            bulk,
             in_tx,
             lane,
             lanes,
@@ -125,6 +128,7 @@ impl MysqlLane {
         } = self;
         let conn = conn.as_mut().expect("connected above");
         let sink = shared.sink();
+        let mut bulk = (shared.mariadb.get() == Some(&true)).then_some(bulk);
         buf.clear();
         buf.push_str("START TRANSACTION;");
         if let Some(prelude) = prelude {
@@ -137,13 +141,31 @@ impl MysqlLane {
             buf.clear();
         }
         loop {
-            let info: StmtInfo = match plan.next_statement(buf) {
+            let info: StmtInfo = match plan.next_step(buf, bulk.as_deref_mut()) {
                 Ok(Some(info)) => info,
                 Ok(None) => break,
                 Err(e) => return Err((e, false)),
             };
-            *in_tx = true;
-            if let Err(e) = conn.query_drop(buf.as_str()).await {
+            let sent = match bulk.as_deref_mut().filter(|_| info.bulk) {
+                Some(bulk) => {
+                    if !*in_tx {
+                        // A prepared statement cannot carry `START TRANSACTION` along.
+                        *in_tx = true;
+                        if let Err(e) = conn.query_drop("START TRANSACTION").await {
+                            let err = sink_error(sink, "starting a transaction", &e);
+                            return Err((err, errors::connection_lost(&e)));
+                        }
+                        buf.clear();
+                    }
+                    conn.exec_batch(bulk.sql.as_str(), bulk.params.drain(..))
+                        .await
+                }
+                None => {
+                    *in_tx = true;
+                    conn.query_drop(buf.as_str()).await
+                }
+            };
+            if let Err(e) = sent {
                 let mut err = sink_error(sink, &plan.describe(info), &e);
                 if unique::is_conflict(&e)
                     && let Some((shape, rows)) = plan.upsert_rows(info)

@@ -80,9 +80,13 @@ pub(crate) enum SinkClass {
     /// CHAR, VARCHAR, TEXT and friends (and ENUM/SET): unrepresentable values are written as
     /// PostgreSQL's text for them.
     Text,
-    /// Any other column (numbers, temporal types, JSON, binary): unrepresentable values are
-    /// written as NULL.
+    /// Any other column (numbers, JSON, binary): unrepresentable values are written as NULL.
     Typed,
+    /// DATETIME and TIMESTAMP: as [`SinkClass::Typed`]; bulk execution sends timestamps to
+    /// them in binary.
+    DateTime,
+    /// DATE: as [`SinkClass::Typed`]; bulk execution sends dates to it in binary.
+    Date,
 }
 
 impl SinkClass {
@@ -91,6 +95,8 @@ impl SinkClass {
         match data_type.to_ascii_lowercase().as_str() {
             "char" | "varchar" | "tinytext" | "text" | "mediumtext" | "longtext" | "enum"
             | "set" => SinkClass::Text,
+            "datetime" | "timestamp" => SinkClass::DateTime,
+            "date" => SinkClass::Date,
             _ => SinkClass::Typed,
         }
     }
@@ -140,7 +146,7 @@ pub(crate) fn push_cell(
                     push_str(buf, &text);
                     Ok(Written::Value)
                 }
-                (SinkClass::Typed, Some(_)) => {
+                (SinkClass::Typed | SinkClass::DateTime | SinkClass::Date, Some(_)) => {
                     buf.push_str("NULL");
                     Ok(Written::Nulled)
                 }
@@ -437,7 +443,7 @@ fn push_uuid(buf: &mut String, bytes: &[u8; 16]) {
 
 /// Proleptic Gregorian (year, month, day) for days since 1970-01-01; year 0 is 1 BC.
 /// Howard Hinnant's `civil_from_days`: <https://howardhinnant.github.io/date_algorithms.html>.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
+pub(super) fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -697,6 +703,8 @@ mod tests {
         assert_eq!(SinkClass::of("varchar"), SinkClass::Text);
         assert_eq!(SinkClass::of("decimal"), SinkClass::Typed);
         assert_eq!(SinkClass::of("json"), SinkClass::Typed);
+        assert_eq!(SinkClass::of("timestamp"), SinkClass::DateTime);
+        assert_eq!(SinkClass::of("DATE"), SinkClass::Date);
     }
 
     #[test]

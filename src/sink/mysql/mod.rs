@@ -14,7 +14,9 @@
 //! `apply` runs one transaction per batch, on the text protocol with literals built into one
 //! reused buffer (see `plan.rs`): `START TRANSACTION` rides with the first statement and the
 //! checkpoint upsert with `COMMIT` (multi-statement queries), so a one-table batch costs two
-//! round trips. Any error rolls back (or drops the connection when it is broken), so nothing
+//! round trips. On MariaDB a group of at least `bulk_min_rows` rows goes instead as one
+//! prepared single-row statement with every row's parameters (`plan/bulk.rs`), which costs
+//! the server less; `START TRANSACTION` then takes a round trip of its own. Any error rolls back (or drops the connection when it is broken), so nothing
 //! of a failed batch is visible. If the reply to `COMMIT` is lost the commit may or may not
 //! have happened; the runtime retries the same batch, which converges.
 //!
@@ -48,8 +50,8 @@ mod tables;
 mod unique;
 
 use std::fmt;
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use mysql_async::prelude::Queryable;
@@ -91,6 +93,8 @@ struct Shared {
     types: schema::SinkTypes,
     /// This instance's claim epoch (0 until claimed); every write is fenced on it.
     epoch: AtomicU64,
+    /// The server is MariaDB, which has bulk execution (asked once, on the first connection).
+    mariadb: OnceLock<bool>,
 }
 
 /// A configured MySQL/MariaDB sink.
@@ -137,6 +141,7 @@ impl MysqlConnector {
                 plaintext,
                 types: schema::SinkTypes::default(),
                 epoch: AtomicU64::new(0),
+                mariadb: OnceLock::new(),
             }),
             snapshot: infile::Loader::default(),
         }
@@ -181,6 +186,15 @@ impl Shared {
             conn.query_drop(SESSION_SETUP)
                 .await
                 .map_err(|e| sink_error(self.sink(), "setting up the session", &e))?;
+            if self.mariadb.get().is_none() {
+                // The driver knows but does not say; MySQL has no bulk execution, and its
+                // `exec_batch` would run one statement per row.
+                let mariadb: Option<bool> = conn
+                    .query_first("SELECT VERSION() LIKE '%MariaDB%'")
+                    .await
+                    .map_err(|e| sink_error(self.sink(), "reading the server's version", &e))?;
+                let _ = self.mariadb.set(mariadb.unwrap_or(false));
+            }
             Ok(conn)
         };
         super::within_connect_timeout(self.sink(), &doing, o.connect_timeout, connect).await
@@ -350,6 +364,7 @@ impl SinkConnector for MysqlConnector {
                 checkpoint = ?checkpoint.map(|p| p.to_string()),
                 "lane opened"
             );
+            let bulk = plan::Bulk::new(shared.options.bulk_min_rows);
             Ok(Box::new(MysqlLane {
                 shared,
                 conn: Some(conn),
@@ -357,6 +372,7 @@ impl SinkConnector for MysqlConnector {
                 lanes,
                 checkpoint,
                 buf: String::new(),
+                bulk,
                 in_tx: false,
                 shapes: super::shapes::KnownShapes::default(),
                 parked,

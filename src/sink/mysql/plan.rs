@@ -12,8 +12,11 @@
 //! `VALUES(col)` is deprecated in MySQL 8.0.20+ in favour of a row alias, which MariaDB lacks;
 //! it still works in both (<https://dev.mysql.com/doc/refman/8.0/en/insert-on-duplicate.html>).
 
+mod bulk;
+
 use std::sync::Arc;
 
+pub(crate) use self::bulk::Bulk;
 use super::coalesce::{DeleteGroup, Row, TablePlan, UpsertGroup, coalesce};
 use super::literal::{SinkClass, Written, note_nulled, push_cell, push_ident, push_value};
 use super::schema::SinkTypes;
@@ -42,6 +45,8 @@ pub(crate) struct StmtInfo {
     group: usize,
     first_row: usize,
     rows: usize,
+    /// Written into a [`Bulk`] for bulk execution rather than into the text buffer.
+    pub(crate) bulk: bool,
 }
 
 /// The coalesced effects of one batch, and a cursor over the statements that write them.
@@ -133,6 +138,17 @@ impl<'a> Plan<'a> {
         &mut self,
         buf: &mut String,
     ) -> Result<Option<StmtInfo>, SinkError> {
+        self.next_step(buf, None)
+    }
+
+    /// As [`Plan::next_statement`], except that the rest of a group of at least
+    /// `bulk.min_rows` rows (when `bulk` is given) goes into `bulk` as one single-row
+    /// statement and every row's parameters, and the [`StmtInfo`] says `bulk`.
+    pub(crate) fn next_step(
+        &mut self,
+        buf: &mut String,
+        mut bulk: Option<&mut Bulk>,
+    ) -> Result<Option<StmtInfo>, SinkError> {
         loop {
             let c = self.cursor;
             let Some(plan) = self.tables.get(c.table) else {
@@ -144,6 +160,7 @@ impl<'a> Plan<'a> {
                 group: c.group,
                 first_row: c.row,
                 rows: 0,
+                bulk: false,
             };
             match c.stage {
                 Stage::DeleteAll => {
@@ -157,7 +174,16 @@ impl<'a> Plan<'a> {
                 Stage::Deletes => {
                     if let Some(group) = plan.deletes.get(c.group) {
                         info.kind = StmtKind::Delete;
-                        info.rows = self.write_delete(buf, group, c.row)?;
+                        let rows = group.keys.len() - c.row;
+                        info.rows = match Bulk::taking(&mut bulk, rows)
+                            .filter(|_| Self::bulk_deletable(group, c.row))
+                        {
+                            Some(bulk) => {
+                                info.bulk = true;
+                                self.bulk_delete(bulk, group, c.row)?
+                            }
+                            None => self.write_delete(buf, group, c.row)?,
+                        };
                         self.advance(info.rows, group.keys.len());
                         return Ok(Some(info));
                     }
@@ -170,7 +196,13 @@ impl<'a> Plan<'a> {
                 Stage::Upserts => {
                     if let Some(group) = plan.upserts.get(c.group) {
                         info.kind = StmtKind::Upsert;
-                        info.rows = self.write_upsert(buf, group, c.row)?;
+                        info.rows = match Bulk::taking(&mut bulk, group.rows.len() - c.row) {
+                            Some(bulk) => {
+                                info.bulk = true;
+                                self.bulk_upsert(bulk, group, c.row)?
+                            }
+                            None => self.write_upsert(buf, group, c.row)?,
+                        };
                         self.advance(info.rows, group.rows.len());
                         return Ok(Some(info));
                     }
@@ -244,31 +276,12 @@ impl<'a> Plan<'a> {
         from: usize,
     ) -> Result<usize, SinkError> {
         let shape = group.shape;
-        let kept = || {
-            shape
-                .columns
-                .iter()
-                .enumerate()
-                .filter(|&(i, _)| !group.omit[i])
-        };
-        buf.push_str("INSERT INTO ");
-        self.push_table(buf, shape);
-        buf.push_str(" (");
-        for (n, (_, col)) in kept().enumerate() {
-            if n > 0 {
-                buf.push(',');
-            }
-            push_ident(buf, &col.name);
-        }
-        buf.push_str(") VALUES ");
-        let classes = self.types.map_or_else(
-            || vec![SinkClass::Strict; shape.columns.len()],
-            |t| t.classes(shape),
-        );
+        self.push_upsert_head(buf, group);
+        let classes = self.classes(shape);
         let written = self.push_rows(buf, shape, &group.rows[from..], |buf, row| {
             let values = row.values();
             buf.push('(');
-            for (n, (i, col)) in kept().enumerate() {
+            for (n, (i, col)) in kept_columns(group).enumerate() {
                 if n > 0 {
                     buf.push(',');
                 }
@@ -279,19 +292,47 @@ impl<'a> Plan<'a> {
             buf.push(')');
             Ok(())
         })?;
-        buf.push_str(" ON DUPLICATE KEY UPDATE ");
-        push_key_guard(buf, shape);
-        for (i, col) in kept() {
-            if shape.key.contains(&i) {
-                continue;
-            }
-            buf.push(',');
-            push_ident(buf, &col.name);
-            buf.push_str("=VALUES(");
-            push_ident(buf, &col.name);
-            buf.push(')');
-        }
+        push_upsert_tail(buf, group);
         Ok(written)
+    }
+
+    /// `INSERT INTO t (c1,c2) VALUES ` for `group`'s kept columns.
+    fn push_upsert_head(&self, buf: &mut String, group: &UpsertGroup<'_>) {
+        buf.push_str("INSERT INTO ");
+        self.push_table(buf, group.shape);
+        buf.push_str(" (");
+        for (n, (_, col)) in kept_columns(group).enumerate() {
+            if n > 0 {
+                buf.push(',');
+            }
+            push_ident(buf, &col.name);
+        }
+        buf.push_str(") VALUES ");
+    }
+
+    /// Per column of `shape`, what the sink column can take (all strict without the types).
+    fn classes(&self, shape: &Table) -> Vec<SinkClass> {
+        self.types.map_or_else(
+            || vec![SinkClass::Strict; shape.columns.len()],
+            |t| t.classes(shape),
+        )
+    }
+
+    /// The definite error for a value of `shape`'s column `column` that cannot be written.
+    fn value_error<T: RowKey>(
+        &self,
+        shape: &Table,
+        column: usize,
+        problem: &str,
+        item: &T,
+    ) -> SinkError {
+        SinkError::definite(format!(
+            "sink {}: {}.{}: {problem} (row key {})",
+            self.sink,
+            shape.qualified_name(),
+            shape.columns[column].name,
+            key_text(shape, item.key_values(shape)),
+        ))
     }
 
     /// Writes rows separated by commas until the statement passes the limit (at least one row).
@@ -309,13 +350,7 @@ impl<'a> Plan<'a> {
                 buf.push(',');
             }
             if let Err((column, problem)) = write(buf, item) {
-                return Err(SinkError::definite(format!(
-                    "sink {}: {}.{}: {problem} (row key {})",
-                    self.sink,
-                    shape.qualified_name(),
-                    shape.columns[column].name,
-                    key_text(shape, item.key_values(shape)),
-                )));
+                return Err(self.value_error(shape, column, &problem, item));
             }
             if written > 0 && buf.len() > self.limit {
                 buf.truncate(mark);
@@ -373,6 +408,35 @@ impl<'a> Plan<'a> {
                 Some(key_text(group.shape, row.key_values(group.shape)))
             }
         }
+    }
+}
+
+/// `group`'s columns that its statements write, with their indexes in the shape.
+fn kept_columns<'g>(
+    group: &'g UpsertGroup<'_>,
+) -> impl Iterator<Item = (usize, &'g crate::change::Column)> + 'g {
+    group
+        .shape
+        .columns
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| !group.omit[i])
+}
+
+/// ` ON DUPLICATE KEY UPDATE ` with the key guard and every kept non-key column.
+fn push_upsert_tail(buf: &mut String, group: &UpsertGroup<'_>) {
+    let shape = group.shape;
+    buf.push_str(" ON DUPLICATE KEY UPDATE ");
+    push_key_guard(buf, shape);
+    for (i, col) in kept_columns(group) {
+        if shape.key.contains(&i) {
+            continue;
+        }
+        buf.push(',');
+        push_ident(buf, &col.name);
+        buf.push_str("=VALUES(");
+        push_ident(buf, &col.name);
+        buf.push(')');
     }
 }
 

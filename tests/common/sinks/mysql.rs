@@ -113,11 +113,21 @@ fn unhex(s: &str) -> String {
     String::from_utf8(bytes).expect("UTF-8 note")
 }
 
-pub struct MysqlUnderTest {
+/// The sink writing every group as multi-row SQL text (`BULK` false) or every group by
+/// MariaDB's bulk execution (`BULK` true).
+pub struct MysqlUnderTest<const BULK: bool = false> {
     pub db: MariaDb,
 }
 
-impl SinkUnderTest for MysqlUnderTest {
+impl<const BULK: bool> MysqlUnderTest<BULK> {
+    fn options(&self) -> config::MysqlSink {
+        let mut opts = options(&self.db);
+        opts.bulk_min_rows = usize::from(BULK);
+        opts
+    }
+}
+
+impl<const BULK: bool> SinkUnderTest for MysqlUnderTest<BULK> {
     type Connector = MysqlConnector;
 
     const CONNECTOR: &'static str = "mysql-out";
@@ -132,11 +142,11 @@ impl SinkUnderTest for MysqlUnderTest {
     }
 
     fn connector(&self) -> MysqlConnector {
-        MysqlConnector::new(PIPELINE, options(&self.db))
+        MysqlConnector::new(PIPELINE, self.options())
     }
 
     fn connector_with_dead_letters(&self) -> MysqlConnector {
-        let mut opts = options(&self.db);
+        let mut opts = self.options();
         opts.on_error = config::OnError::DeadLetter;
         MysqlConnector::new(PIPELINE, opts)
     }
