@@ -336,7 +336,10 @@ impl<'a> Data<'a> {
         match self.buffers.and_then(|b| b.take(s)) {
             Some(Buffer::Text(s)) => Ok(s),
             // A guest may point a text value at what was a bytea.
-            Some(Buffer::Bytes(b)) => CompactString::from_utf8(b).map_err(not_utf8),
+            // Through `String`, so a long value keeps its buffer instead of being copied.
+            Some(Buffer::Bytes(b)) => String::from_utf8(b)
+                .map(CompactString::from)
+                .map_err(|e| not_utf8(e.utf8_error())),
             None => CompactString::from_utf8(self.bytes(s)?).map_err(not_utf8),
         }
     }
