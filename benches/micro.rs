@@ -160,7 +160,7 @@ struct Batch {
     decoder: PgoutputDecoder,
     messages: Vec<Bytes>,
     changes: Vec<Change>,
-    shared: Vec<Arc<Change>>,
+    shared: Vec<Change>,
 }
 
 fn position(i: usize) -> Position {
@@ -177,7 +177,7 @@ static BATCH: LazyLock<Batch> = LazyLock::new(|| {
         .enumerate()
         .map(|(i, m)| decoder.change(m.clone(), position(i)).expect("row"))
         .collect();
-    let shared = changes.iter().cloned().map(Arc::new).collect();
+    let shared = changes.clone();
     Batch {
         decoder,
         messages,

@@ -72,7 +72,7 @@ fn batch(n: usize) -> Vec<Change> {
                 position: Position::new(Lsn(0x1000 + (i as u128 / 100)), (i % 100) as u32 + 1),
                 op: if i % 10 == 9 { Op::Update } else { Op::Insert },
                 table: t.clone(),
-                key: vec![Value::Int8(id)],
+                key: vec![Value::Int8(id)].into(),
                 old_key: None,
                 values: vec![
                     Value::Int8(id),

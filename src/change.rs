@@ -10,6 +10,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 pub use compact_str::CompactString;
+pub use smallvec::SmallVec;
 
 /// A source log position: a PostgreSQL write-ahead-log position (`pg_lsn`, 64 bits, printed
 /// `X/Y` in hex) or a SQL Server log sequence number (80 bits, printed as 20 hex digits).
@@ -288,6 +289,11 @@ impl Table {
     }
 }
 
+/// The values of a row's key columns. A key of one column (the usual primary key) sits in the
+/// change itself: no allocation where the change is made and no free on the lane's thread that
+/// drops it. Longer keys go to the heap. Reads as a slice of [`Value`]s.
+pub type Key = SmallVec<[Value; 1]>;
+
 /// One row-level change committed on the source.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
@@ -299,10 +305,10 @@ pub struct Change {
     pub table: Arc<Table>,
     /// Values of the key columns (in `table.key` order) identifying the row after the change
     /// (for a delete: the row removed). Empty for a truncate.
-    pub key: Vec<Value>,
+    pub key: Key,
     /// For an update that changed the key: the key the row had before. The sink removes that
     /// row and writes the new one.
-    pub old_key: Option<Vec<Value>>,
+    pub old_key: Option<Key>,
     /// The whole row after the change, in `table.columns` order; empty for delete and truncate.
     pub values: Vec<Value>,
 }

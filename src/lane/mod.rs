@@ -16,6 +16,6 @@ mod worker;
 pub use queue::{
     Closed, Empty, LaneReceiver, LaneSender, Parcel, QueueDepth, Queued, Reserved, queue,
 };
-pub use router::{Router, TableHash, is_toast_move, key_hash, lane_of, needs_barrier, plan};
+pub use router::{Router, Split, TableHash, is_toast_move, key_hash, lane_of, needs_barrier, plan};
 pub use tracker::{Ack, AckTracker};
 pub use worker::{LaneConfig, LaneError, LaneStats, run_lane};

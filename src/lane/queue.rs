@@ -5,7 +5,6 @@
 //! `queue_capacity` says: a semaphore holds one permit per free slot, the dispatcher takes a
 //! batch's worth before sending it, and the lane gives them back as it takes batches out.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc};
@@ -20,7 +19,7 @@ pub type Parcel = Vec<Queued>;
 #[derive(Debug, Clone)]
 pub struct Queued {
     /// The change.
-    pub change: Arc<Change>,
+    pub change: Change,
     /// Whether applying it counts as a change applied: false for the delete half of an update
     /// that moved its row to another lane's key (the other half counts the source change
     /// once; see [`super::plan`]).
@@ -29,7 +28,7 @@ pub struct Queued {
 
 impl Queued {
     /// A change that counts as one.
-    pub fn new(change: Arc<Change>) -> Self {
+    pub fn new(change: Change) -> Self {
         Queued {
             change,
             counts: true,
@@ -66,7 +65,7 @@ pub fn queue(capacity: usize) -> (LaneSender, LaneReceiver) {
         LaneReceiver {
             rx,
             room,
-            pending: VecDeque::new(),
+            pending: Vec::new().into_iter(),
         },
     )
 }
@@ -159,7 +158,8 @@ impl Drop for Reserved {
 pub struct LaneReceiver {
     rx: mpsc::UnboundedReceiver<Parcel>,
     room: Arc<Semaphore>,
-    pending: VecDeque<Queued>,
+    /// The parcel being taken apart: each change is moved out of it once, to the caller.
+    pending: std::vec::IntoIter<Queued>,
 }
 
 /// Why [`LaneReceiver::try_recv`] has no change.
@@ -172,17 +172,20 @@ pub enum Empty {
 }
 
 impl LaneReceiver {
+    /// Makes `parcel` the next to take apart (the last one is empty by then).
     fn take(&mut self, parcel: Parcel) {
         self.room.add_permits(parcel.len());
-        self.pending.extend(parcel);
+        self.pending = parcel.into_iter();
     }
 
     /// The next change; `None` once the queue is closed and empty.
     pub async fn recv(&mut self) -> Option<Queued> {
         loop {
-            if let Some(change) = self.pending.pop_front() {
+            if let Some(change) = self.pending.next() {
                 return Some(change);
             }
+            // The emptied parcel's memory goes back before the wait, not after it.
+            self.pending = Vec::new().into_iter();
             let parcel = self.rx.recv().await?;
             self.take(parcel);
         }
@@ -191,7 +194,7 @@ impl LaneReceiver {
     /// The next change if one is there now.
     pub fn try_recv(&mut self) -> Result<Queued, Empty> {
         loop {
-            if let Some(change) = self.pending.pop_front() {
+            if let Some(change) = self.pending.next() {
                 return Ok(change);
             }
             match self.rx.try_recv() {
@@ -218,14 +221,14 @@ mod tests {
     use crate::change::{Lsn, Op, Position, Table};
 
     fn change(n: u32) -> Queued {
-        Queued::new(Arc::new(Change {
+        Queued::new(Change {
             position: Position::new(Lsn(1), n),
             op: Op::Delete,
             table: Arc::new(Table::new("s".into(), "t".into(), Vec::new())),
-            key: Vec::new(),
+            key: Vec::new().into(),
             old_key: None,
             values: Vec::new(),
-        }))
+        })
     }
 
     #[tokio::test]

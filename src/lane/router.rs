@@ -154,48 +154,49 @@ pub fn needs_barrier(change: &Change, lanes: u32) -> bool {
     }
 }
 
-/// Where a change goes: `(lane, change, counts)` triples, in dispatch order; `counts` says
-/// whether applying that part counts as a change applied. `table` is the hash state of the
-/// change's table ([`TableHash::new`] of its schema and name).
+/// Where a change goes (see [`plan`]).
+#[derive(Debug)]
+pub struct Split {
+    /// The lane of the change's key, which gets the change itself; applying it counts as a
+    /// change applied.
+    pub lane: u32,
+    /// For a row moved to a key on another lane: that lane of the old key and the delete
+    /// that must reach it first. Applying the delete does not count as a change applied.
+    pub moved: Option<(u32, Change)>,
+}
+
+/// Where `change` goes, splitting off what must go elsewhere. `table` is the hash state of the
+/// change's table ([`TableHash::new`] of its schema and name). The change stays in place, so
+/// the caller moves it once, into its lane's parcel.
 ///
 /// An update that moves a row to a new key whose lane differs from the old key's must reach
-/// the old key's lane as a delete, or a later reuse of the old key could overtake it. Both
-/// halves keep the original position, which is safe because they land on different lanes
-/// (each lane's checkpoint sees the position once). The source change counts once, with the
-/// new row's half: the delete half does not count (it is how the row leaves its old lane).
-/// When both keys share a lane the change travels whole and the sink deletes the old key
-/// itself.
-pub fn plan(
-    change: Change,
-    table: TableHash,
-    lanes: u32,
-) -> impl Iterator<Item = (u32, Change, bool)> {
+/// the old key's lane as a delete, or a later reuse of the old key could overtake it: the
+/// change loses its `old_key` to that delete. Both halves keep the original position, which is
+/// safe because they land on different lanes (each lane's checkpoint sees the position once).
+/// The source change counts once, with the new row's half: the delete half does not count (it
+/// is how the row leaves its old lane). When both keys share a lane the change travels whole
+/// and the sink deletes the old key itself.
+pub fn plan(change: &mut Change, table: TableHash, lanes: u32) -> Split {
     let lane = table.lane_of(&change.key, lanes);
     let moved = match &change.old_key {
         // A TOAST move travels whole: only the sink's stored row holds the untouched values.
-        Some(old) if !is_toast_move(&change) => {
+        Some(old) if !is_toast_move(change) => {
             Some(table.lane_of(old, lanes)).filter(|&old_lane| old_lane != lane)
         }
         _ => None,
     };
-    let (delete, change) = match moved {
-        None => (None, change),
-        Some(old_lane) => {
-            let mut upsert = change;
-            let delete = Change {
-                position: upsert.position,
-                op: crate::change::Op::Delete,
-                table: upsert.table.clone(),
-                key: upsert.old_key.take().unwrap_or_default(),
-                old_key: None,
-                values: Vec::new(),
-            };
-            (Some((old_lane, delete, false)), upsert)
-        }
-    };
-    delete
-        .into_iter()
-        .chain(std::iter::once((lane, change, true)))
+    let moved = moved.map(|old_lane| {
+        let delete = Change {
+            position: change.position,
+            op: crate::change::Op::Delete,
+            table: change.table.clone(),
+            key: change.old_key.take().unwrap_or_default(),
+            old_key: None,
+            values: Vec::new(),
+        };
+        (old_lane, delete)
+    });
+    Split { lane, moved }
 }
 
 #[cfg(test)]
@@ -276,7 +277,7 @@ mod tests {
         ));
         let hash = TableHash::new("public", "orders");
         let lanes = 8;
-        let key = |k: i64| vec![Value::Int8(k)];
+        let key = |k: i64| -> crate::change::Key { smallvec::smallvec![Value::Int8(k)] };
         let moved = |old: i64, new: i64| Change {
             position: crate::change::Position::new(crate::change::Lsn(9), 1),
             op: crate::change::Op::Update,
@@ -292,27 +293,24 @@ mod tests {
         let c = (b + 1..).find(|&k| hash.lane_of(&key(k), lanes) == hash.lane_of(&key(a), lanes));
         let c = c.expect("some key on the same lane");
 
-        let parts: Vec<_> = plan(moved(a, b), hash, lanes).collect();
-        assert_eq!(parts.len(), 2);
-        let (lane, delete, counts) = &parts[0];
-        assert_eq!(*lane, hash.lane_of(&key(a), lanes));
+        let mut upsert = moved(a, b);
+        let split = plan(&mut upsert, hash, lanes);
+        let (lane, delete) = split.moved.expect("a delete for the old key's lane");
+        assert_eq!(lane, hash.lane_of(&key(a), lanes));
         assert_eq!(
-            (delete.op, &delete.key, counts),
-            (crate::change::Op::Delete, &key(a), &false)
+            (delete.op, &delete.key),
+            (crate::change::Op::Delete, &key(a))
         );
         assert!(delete.values.is_empty() && delete.old_key.is_none());
-        let (lane, upsert, counts) = &parts[1];
-        assert_eq!(*lane, hash.lane_of(&key(b), lanes));
-        assert_eq!(
-            (&upsert.key, &upsert.old_key, counts),
-            (&key(b), &None, &true)
-        );
+        assert_eq!(split.lane, hash.lane_of(&key(b), lanes));
+        assert_eq!((&upsert.key, &upsert.old_key), (&key(b), &None));
         assert_eq!(delete.position, upsert.position);
 
         // Both keys on one lane: the change travels whole, the sink deletes the old key.
-        let parts: Vec<_> = plan(moved(a, c), hash, lanes).collect();
-        assert_eq!(parts.len(), 1);
-        assert_eq!(parts[0].1.old_key, Some(key(a)));
-        assert!(parts[0].2);
+        let mut whole = moved(a, c);
+        let split = plan(&mut whole, hash, lanes);
+        assert!(split.moved.is_none());
+        assert_eq!(split.lane, hash.lane_of(&key(c), lanes));
+        assert_eq!(whole.old_key, Some(key(a)));
     }
 }

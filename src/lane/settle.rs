@@ -16,7 +16,6 @@
 //!   putting an old state over a newer one or bringing back a row deleted since.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use super::apply::{Conflicts, Work, apply};
@@ -174,7 +173,7 @@ async fn reject(
     err: SinkError,
     done: &mut Settled,
 ) -> Result<(), SinkError> {
-    let change: Arc<Change> = piece.changes.remove(0);
+    let change: Change = piece.changes.remove(0);
     let what = describe(&change);
     match cfg.on_error {
         OnError::Halt => {
@@ -224,7 +223,7 @@ fn describe(change: &Change) -> String {
 
 /// How many of `changes` count as applied: all but those at `uncounted` (the delete halves
 /// of key moves to another lane, which their other half counts; usually none).
-pub(super) fn counted(changes: &[Arc<Change>], uncounted: &[Position]) -> u64 {
+pub(super) fn counted(changes: &[Change], uncounted: &[Position]) -> u64 {
     let all = changes.len() as u64;
     if uncounted.is_empty() {
         return all;

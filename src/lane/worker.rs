@@ -130,7 +130,7 @@ pub async fn run_lane(
         lane,
         source,
     };
-    let mut batch: Vec<Arc<Change>> = Vec::with_capacity(cfg.batch_size);
+    let mut batch: Vec<Change> = Vec::with_capacity(cfg.batch_size);
     let mut uncounted: Vec<Position> = Vec::new();
     let mut ack = Ack::default();
     let mut parked = Parked::new(sink.parked());
@@ -233,7 +233,7 @@ struct LaneState<'s> {
 
 impl LaneState<'_> {
     /// Commits `batch` (emptied, its allocation kept), settling rows the sink rejects.
-    async fn commit(&mut self, batch: &mut Vec<Arc<Change>>) -> Result<(), SinkError> {
+    async fn commit(&mut self, batch: &mut Vec<Change>) -> Result<(), SinkError> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -295,7 +295,7 @@ impl LaneState<'_> {
     }
 
     /// Applies a truncate on its own; the sink removes the table's dead letters with it.
-    async fn truncate(&mut self, change: &Arc<Change>) -> Result<(), SinkError> {
+    async fn truncate(&mut self, change: &Change) -> Result<(), SinkError> {
         apply(
             self.sink,
             self.cfg,

@@ -147,7 +147,7 @@ async fn replay_sink(
             ),
         };
         let mut tables = Vec::new();
-        let mut changes: Vec<Arc<Change>> = Vec::with_capacity(group.len());
+        let mut changes: Vec<Change> = Vec::with_capacity(group.len());
         for r in group {
             let change = change_from_json(&r.change, 0, &mut tables).map_err(|e| {
                 sink_error(
@@ -159,7 +159,7 @@ async fn replay_sink(
                     )),
                 )
             })?;
-            changes.push(Arc::new(change));
+            changes.push(change);
         }
         let ids: Vec<u64> = group.iter().map(|r| r.id).collect();
         match lane.replay(&changes, &ids).await {

@@ -28,11 +28,17 @@ use tokio::sync::{mpsc, watch};
 use super::route::{RouteStage, TransformCall};
 use crate::change::{Change, Op, Table, now_micros_since_2000};
 use crate::lane::{
-    Ack, AckTracker, Parcel, Queued, Router, TableHash, lane_of, needs_barrier, plan,
+    Ack, AckTracker, Parcel, Queued, Router, Split, TableHash, lane_of, needs_barrier, plan,
 };
 use crate::source::emitter::{Event, Frontier};
 use crate::source::{SourceStats, StopMode};
 use crate::transform::TransformError;
+
+/// Most changes handed to a lane at once. A parcel holds its changes inline (160 bytes each), is
+/// filled on the dispatcher's thread and freed on the lane's: bounded, a parcel stays a
+/// medium-sized block rather than one of up to `queue_capacity` changes, which the allocator
+/// would keep around in large pages.
+const LANE_PARCEL: usize = 512;
 
 /// Why the dispatcher stopped the pipeline.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +91,8 @@ pub struct Dispatcher {
     /// The last routed change's table and its hash state: a source's changes come in runs of
     /// one table, so one entry spares hashing the table's names for nearly every change.
     last_table: Option<(Arc<Table>, TableHash)>,
+    /// (sink, lane) of the parcels the last [`Dispatcher::spread`] filled.
+    full: Vec<(usize, u32)>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -162,6 +170,7 @@ impl Dispatcher {
             gather,
             transforming: None,
             last_table: None,
+            full: Vec::new(),
         }
     }
 
@@ -349,7 +358,10 @@ impl Dispatcher {
                         match out.as_mut() {
                             Some(out) => {
                                 while let Some((_, change)) = out.next_if(|(i, _)| *i == n) {
-                                    self.route(r, change).await?;
+                                    if let Some(change) = self.spread(r, change) {
+                                        self.barrier_of(r, change).await?;
+                                    }
+                                    self.flush_full().await?;
                                 }
                             }
                             None => {
@@ -368,7 +380,10 @@ impl Dispatcher {
                                 } else {
                                     change.clone()
                                 };
-                                self.route(r, change).await?;
+                                if let Some(change) = self.spread(r, change) {
+                                    self.barrier_of(r, change).await?;
+                                }
+                                self.flush_full().await?;
                             }
                         }
                     }
@@ -379,16 +394,18 @@ impl Dispatcher {
         Ok(())
     }
 
-    /// One change of route `r` to each of its sinks.
-    async fn route(&mut self, r: usize, change: Change) -> Result<(), Halt> {
+    /// One change of route `r` to each of its sinks. Not async, so the change is moved into
+    /// its lanes' parcels without first being moved into a future's state: the parcels it
+    /// filled are left in `self.full` for [`Dispatcher::flush_full`]. A change that must be a
+    /// barrier is given back untouched (`Some`).
+    fn spread(&mut self, r: usize, change: Change) -> Option<Change> {
         let count = self.routes[r].sinks.len();
         let barrier = self.routes[r]
             .sinks
             .iter()
             .any(|&s| needs_barrier(&change, self.routers[s].lanes()));
         if barrier {
-            let sinks = self.routes[r].sinks.clone();
-            return self.barrier(&sinks, change).await;
+            return Some(change);
         }
         let mut change = Some(change);
         for i in 0..count {
@@ -399,12 +416,34 @@ impl Dispatcher {
             } else {
                 change.clone()
             };
-            let Some(copy) = copy else { break };
+            let Some(mut copy) = copy else { break };
             let table = self.table_hash(&copy.table);
-            for (lane, part, counts) in plan(copy, table, self.routers[s].lanes()) {
-                self.queue(s, lane, part, counts).await?;
+            let Split { lane, moved } = plan(&mut copy, table, self.routers[s].lanes());
+            if let Some((old_lane, delete)) = moved
+                && self.push(s, old_lane, delete, false)
+            {
+                self.full.push((s, old_lane));
+            }
+            if self.push(s, lane, copy, true) {
+                self.full.push((s, lane));
             }
         }
+        None
+    }
+
+    /// A change of route `r` that [`Dispatcher::spread`] gave back: a barrier to its sinks.
+    async fn barrier_of(&mut self, r: usize, change: Change) -> Result<(), Halt> {
+        let sinks = self.routes[r].sinks.clone();
+        self.barrier(&sinks, change).await
+    }
+
+    /// Hands over the parcels [`Dispatcher::spread`] filled.
+    async fn flush_full(&mut self) -> Result<(), Halt> {
+        for i in 0..self.full.len() {
+            let (sink, lane) = self.full[i];
+            self.flush(sink, lane).await?;
+        }
+        self.full.clear();
         Ok(())
     }
 
@@ -429,16 +468,19 @@ impl Dispatcher {
         change: Change,
         counts: bool,
     ) -> Result<(), Halt> {
-        let parcel = &mut self.out[sink][lane as usize];
-        parcel.push(Queued {
-            change: Arc::new(change),
-            counts,
-        });
-        self.tracker.dispatched(1);
-        if parcel.len() >= self.routers[sink].sender(lane).capacity() {
+        if self.push(sink, lane, change, counts) {
             self.flush(sink, lane).await?;
         }
         Ok(())
+    }
+
+    /// Adds a change to a lane's parcel; true when the parcel is full. Not async, so the
+    /// change is moved once, into the parcel, rather than into a future's state first.
+    fn push(&mut self, sink: usize, lane: u32, change: Change, counts: bool) -> bool {
+        let parcel = &mut self.out[sink][lane as usize];
+        parcel.push(Queued { change, counts });
+        self.tracker.dispatched(1);
+        parcel.len() >= self.routers[sink].sender(lane).capacity().min(LANE_PARCEL)
     }
 
     /// A change that must be ordered against every lane: alone, between two idle points (a
@@ -463,10 +505,13 @@ impl Dispatcher {
 
     /// Hands one lane's parcel over, waiting for room while taking acks.
     async fn flush(&mut self, sink: usize, lane: u32) -> Result<(), Halt> {
-        let parcel = std::mem::take(&mut self.out[sink][lane as usize]);
-        if parcel.is_empty() {
+        let out = &mut self.out[sink][lane as usize];
+        if out.is_empty() {
             return Ok(());
         }
+        // The next parcel sized like this one: grown by doubling, it would copy its changes
+        // (160 bytes each) once or twice over and leave the smaller blocks behind.
+        let parcel = std::mem::replace(out, Vec::with_capacity(out.len()));
         let sender = self.routers[sink].sender(lane).clone();
         let parcel = match sender.try_send(parcel) {
             Ok(()) => return Ok(()),

@@ -33,9 +33,9 @@ fn change(t: &Arc<Table>, lsn: u64, ordinal: u32, id: i64, op: Op) -> Change {
         op,
         table: t.clone(),
         key: if op == Op::Truncate {
-            Vec::new()
+            smallvec::smallvec![]
         } else {
-            vec![Value::Int8(id)]
+            smallvec::smallvec![Value::Int8(id)]
         },
         old_key: None,
         values: vec![Value::Int8(id)],
@@ -400,7 +400,10 @@ async fn the_next_batch_is_transformed_while_the_last_is_replayed_in_order() {
     let second = h.take(0, 0).await;
     assert_eq!(
         (first.change.key.clone(), second.change.key.clone()),
-        (vec![Value::Int8(1)], vec![Value::Int8(2)])
+        (
+            smallvec::smallvec![Value::Int8(1)],
+            smallvec::smallvec![Value::Int8(2)]
+        )
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     h.ack(&[&first]);
@@ -468,7 +471,7 @@ async fn an_abort_ends_the_dispatcher_at_once() {
 
 /// A sink lane in memory: keeps every change it commits.
 struct MemoryLane {
-    committed: Arc<std::sync::Mutex<Vec<Arc<Change>>>>,
+    committed: Arc<std::sync::Mutex<Vec<Change>>>,
     checkpoint: Option<Position>,
 }
 
@@ -502,7 +505,7 @@ impl LaneSink for MemoryLane {
     }
     fn replay<'a>(
         &'a mut self,
-        _changes: &'a [Arc<Change>],
+        _changes: &'a [Change],
         _ids: &'a [u64],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async { Ok(()) })
@@ -543,7 +546,7 @@ async fn a_key_moved_to_another_lane_counts_as_one_change_applied() {
         ));
     }
     let mut moved = change(&t, 20, 1, to, Op::Update);
-    moved.old_key = Some(vec![Value::Int8(1)]);
+    moved.old_key = Some(smallvec::smallvec![Value::Int8(1)]);
     let mut events = tx(
         10,
         vec![
@@ -565,11 +568,11 @@ async fn a_key_moved_to_another_lane_counts_as_one_change_applied() {
     assert_eq!(committed.len(), 5, "{committed:?}");
     assert_eq!(at_20.len(), 2, "the move reached the sink in two halves");
     assert!(
-        at_20.contains(&(Op::Delete, vec![Value::Int8(1)])),
+        at_20.contains(&(Op::Delete, smallvec::smallvec![Value::Int8(1)])),
         "{at_20:?}"
     );
     assert!(
-        at_20.contains(&(Op::Update, vec![Value::Int8(to)])),
+        at_20.contains(&(Op::Update, smallvec::smallvec![Value::Int8(to)])),
         "{at_20:?}"
     );
     // Four source changes: two inserts, the move, a delete; the move counts once, on the

@@ -188,7 +188,7 @@ async fn transform_rows(
     rows: &[Vec<Value>],
     chunk: &SnapshotChunk,
     position: Position,
-) -> Result<Vec<Arc<Change>>, SourceError> {
+) -> Result<Vec<Change>, SourceError> {
     let mut out = Vec::new();
     for batch in rows.chunks(transform.batch_size().max(1)) {
         let changes = batch
@@ -217,10 +217,10 @@ async fn transform_rows(
                     change.table.qualified_name()
                 )));
             }
-            out.push(Arc::new(Change {
+            out.push(Change {
                 op: Op::Insert,
                 ..change
-            }));
+            });
         }
     }
     Ok(out)

@@ -1,14 +1,12 @@
 //! Coalescing for the micro-benchmarks (see `crate::bench`).
 
-use std::sync::Arc;
-
 use super::SinkError;
 use super::coalesce::coalesce;
 use crate::change::Change;
 
 /// Coalesces a lane batch as every SQL sink does before building statements; the number of
 /// rows to upsert and keys to delete that remain.
-pub fn coalesced(changes: &[Arc<Change>]) -> Result<usize, SinkError> {
+pub fn coalesced(changes: &[Change]) -> Result<usize, SinkError> {
     let tables = coalesce(changes, "bench")?;
     Ok(tables
         .iter()

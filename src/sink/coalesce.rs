@@ -16,8 +16,8 @@
 //! multi-row statement).
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry as MapEntry;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 use crate::change::{Change, Op, Table, Value};
 use crate::sink::SinkError;
@@ -157,16 +157,27 @@ impl<'a> Entries<'a> {
         }
     }
 
-    fn get(&self, key: &(usize, KeyRef<'a>)) -> Option<&Entry<'a>> {
-        let slot = self.slots[*self.at.get(key)?].as_ref();
-        slot.map(|(_, entry)| entry)
-    }
-
-    /// Makes `entry` the key's effect, after every other; returns the one it replaces.
-    fn insert(&mut self, key: (usize, KeyRef<'a>), entry: Entry<'a>) -> Option<Entry<'a>> {
-        let earlier = self.at.insert(key, self.slots.len());
+    /// Makes the entry `make` builds the key's effect, after every other, and returns the one
+    /// it replaces. `make` sees that one first. One lookup per change: the key is hashed once.
+    fn replace(
+        &mut self,
+        key: (usize, KeyRef<'a>),
+        make: impl FnOnce(Option<&Entry<'a>>) -> Entry<'a>,
+    ) -> Option<Entry<'a>> {
+        let next = self.slots.len();
+        let earlier = match self.at.entry(key) {
+            MapEntry::Occupied(mut at) => {
+                let i = std::mem::replace(at.get_mut(), next);
+                self.slots[i].take().map(|(_, entry)| entry)
+            }
+            MapEntry::Vacant(at) => {
+                at.insert(next);
+                None
+            }
+        };
+        let entry = make(earlier.as_ref());
         self.slots.push(Some((key, entry)));
-        earlier.and_then(|i| self.slots[i].take().map(|(_, entry)| entry))
+        earlier
     }
 
     /// Drops every effect on table `t`.
@@ -182,7 +193,7 @@ impl<'a> Entries<'a> {
 }
 
 pub(super) fn coalesce<'a>(
-    changes: &'a [Arc<Change>],
+    changes: &'a [Change],
     sink: &str,
 ) -> Result<Vec<TablePlan<'a>>, SinkError> {
     let mut tables: Vec<TablePlan<'a>> = Vec::new();
@@ -218,19 +229,13 @@ pub(super) fn coalesce<'a>(
         }
         check_key(sink, change, &change.key)?;
         // Whether a key was fresh is decided by its first change in the batch.
-        let fresh = |entries: &Entries<'a>, key, first: bool| {
-            entries
-                .get(&(t, key))
-                .map_or(first, |e: &Entry<'a>| e.fresh)
-        };
+        let fresh = |earlier: Option<&Entry<'a>>, first: bool| earlier.map_or(first, |e| e.fresh);
         if change.op == Op::Delete {
-            let key = KeyRef(&change.key);
-            let entry = Entry {
+            entries.replace((t, KeyRef(&change.key)), |earlier| Entry {
                 shape,
                 upsert: None,
-                fresh: fresh(&entries, key, false),
-            };
-            entries.insert((t, key), entry);
+                fresh: fresh(earlier, false),
+            });
             continue;
         }
         if change.values.len() != shape.columns.len() {
@@ -250,32 +255,28 @@ pub(super) fn coalesce<'a>(
             && !same_values(old, &change.key)
         {
             check_key(sink, change, old)?;
-            let entry = Entry {
+            moved_from = Some(entries.replace((t, KeyRef(old)), |earlier| Entry {
                 shape,
                 upsert: None,
-                fresh: fresh(&entries, KeyRef(old), false),
-            };
-            moved_from = Some(entries.insert((t, KeyRef(old)), entry));
+                fresh: fresh(earlier, false),
+            }));
         }
-        let key = (t, KeyRef(&change.key));
-        let row = if change.values.iter().any(|v| matches!(v, Value::Unchanged)) {
-            let earlier = match &moved_from {
-                Some(prev) => prev.as_ref(),
-                None => entries.get(&key),
-            };
-            merge_unchanged(change, earlier)
-        } else {
-            Row::Borrowed(&change.values)
-        };
-        let fresh = fresh(&entries, key.1, change.op == Op::Insert);
-        entries.insert(
-            key,
-            Entry {
-                shape,
-                upsert: Some(row),
-                fresh,
-            },
-        );
+        let unchanged = change.values.iter().any(|v| matches!(v, Value::Unchanged));
+        entries.replace((t, KeyRef(&change.key)), |earlier| Entry {
+            shape,
+            upsert: Some(if unchanged {
+                merge_unchanged(
+                    change,
+                    match &moved_from {
+                        Some(prev) => prev.as_ref(),
+                        None => earlier,
+                    },
+                )
+            } else {
+                Row::Borrowed(&change.values)
+            }),
+            fresh: fresh(earlier, change.op == Op::Insert),
+        });
     }
 
     for ((t, key), entry) in entries.slots.into_iter().flatten() {
@@ -410,7 +411,7 @@ pub(super) mod fixtures {
     }
 
     pub(crate) struct Changes {
-        pub(crate) list: Vec<Arc<Change>>,
+        pub(crate) list: Vec<Change>,
     }
 
     impl Changes {
@@ -426,14 +427,14 @@ pub(super) mod fixtures {
             values: Vec<Value>,
         ) -> &mut Self {
             let n = self.list.len() as u32 + 1;
-            self.list.push(Arc::new(Change {
+            self.list.push(Change {
                 position: Position::new(Lsn(100), n),
                 op,
                 table: Arc::clone(t),
-                key,
-                old_key: old,
+                key: key.into(),
+                old_key: old.map(Into::into),
                 values,
-            }));
+            });
             self
         }
         pub(crate) fn upsert(

@@ -41,7 +41,7 @@ pub struct Batch {
     /// Lane number, `0..lanes`.
     pub lane: u32,
     /// The changes to apply, in position order.
-    pub changes: Vec<Arc<Change>>,
+    pub changes: Vec<Change>,
     /// Changes set aside instead of applied (`on_error: dead_letter`): the sink records them
     /// in its dead-letter table in the same transaction as `changes` and the checkpoint.
     pub dead_letters: Vec<DeadLetter>,
@@ -52,7 +52,7 @@ pub struct Batch {
 
 impl Batch {
     /// A batch of `changes` for `lane`.
-    pub fn new(lane: u32, changes: Vec<Arc<Change>>) -> Self {
+    pub fn new(lane: u32, changes: Vec<Change>) -> Self {
         Batch {
             lane,
             changes,
@@ -79,7 +79,7 @@ impl Batch {
 #[derive(Debug, Clone)]
 pub struct DeadLetter {
     /// The original change.
-    pub change: Arc<Change>,
+    pub change: Change,
     /// Why: the sink's error message.
     pub reason: String,
     /// The sink's error code (a SQLSTATE, or a MySQL error number), when it gave one.
@@ -345,7 +345,7 @@ pub trait LaneSink: Send {
     /// not move (`zipline dlq replay`). `Err` leaves both as they were.
     fn replay<'a>(
         &'a mut self,
-        changes: &'a [Arc<Change>],
+        changes: &'a [Change],
         ids: &'a [u64],
     ) -> BoxFuture<'a, Result<(), SinkError>>;
 }

@@ -27,7 +27,7 @@ fn addr(table: &Arc<Table>) -> usize {
 impl KnownShapes {
     /// The distinct shapes of `changes` not known yet, in first-seen order. A shape equal to a
     /// known one (another `Arc` of the same columns) becomes known on the way.
-    pub(crate) fn unknown(&mut self, changes: &[Arc<Change>]) -> Vec<Arc<Table>> {
+    pub(crate) fn unknown(&mut self, changes: &[Change]) -> Vec<Arc<Table>> {
         let mut out: Vec<Arc<Table>> = Vec::new();
         let mut last = 0;
         for change in changes {
@@ -82,15 +82,15 @@ mod tests {
         Arc::new(Table::new("public".into(), "t".into(), columns))
     }
 
-    fn change(table: &Arc<Table>) -> Arc<Change> {
-        Arc::new(Change {
+    fn change(table: &Arc<Table>) -> Change {
+        Change {
             position: Position::default(),
             op: Op::Delete,
             table: Arc::clone(table),
-            key: Vec::new(),
+            key: Vec::new().into(),
             old_key: None,
             values: Vec::new(),
-        })
+        }
     }
 
     #[test]

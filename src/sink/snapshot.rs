@@ -37,7 +37,7 @@ pub trait SnapshotTarget: Send + Sync {
     fn load<'a>(
         &'a self,
         chunk: &'a SnapshotChunk,
-        changes: &'a [Arc<Change>],
+        changes: &'a [Change],
     ) -> BoxFuture<'a, Result<(), SinkError>>;
 
     /// [`SnapshotTarget::load`] for rows of one table as read from the source (the common
@@ -49,17 +49,15 @@ pub trait SnapshotTarget: Send + Sync {
         table: &'a Arc<Table>,
         rows: &'a [Vec<Value>],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
-        let changes: Vec<Arc<Change>> = rows
+        let changes: Vec<Change> = rows
             .iter()
-            .map(|values| {
-                Arc::new(Change {
-                    position: Position::default(),
-                    op: crate::change::Op::Insert,
-                    table: table.clone(),
-                    key: table.key.iter().map(|&i| values[i].clone()).collect(),
-                    old_key: None,
-                    values: values.clone(),
-                })
+            .map(|values| Change {
+                position: Position::default(),
+                op: crate::change::Op::Insert,
+                table: table.clone(),
+                key: table.key.iter().map(|&i| values[i].clone()).collect(),
+                old_key: None,
+                values: values.clone(),
             })
             .collect();
         Box::pin(async move { self.load(chunk, &changes).await })

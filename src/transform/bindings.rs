@@ -15,7 +15,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::change::{self, Change, CompactString, Lsn, Op, Position};
+use crate::change::{self, Change, CompactString, Key, Lsn, Op, Position};
 
 /// What `bindgen!` makes of `wit/`; [`super::abi`] says how `limits.output` is kept.
 pub(super) mod generated {
@@ -46,20 +46,26 @@ pub(crate) struct InputBatch {
     pub(super) spare: Spare,
 }
 
-/// Emptied `Vec<Value>`s of the input changes. An output change needs a row and a key list
-/// just like the input it came from; refilling the input's saves two allocations and two
-/// frees per change.
+/// Emptied value lists of the input changes. An output change needs a row (and a key longer
+/// than [`Key`] holds inline) just like the input it came from; refilling the input's saves
+/// their allocations and frees.
 #[derive(Default)]
 pub(super) struct Spare {
     rows: RefCell<Vec<Vec<change::Value>>>,
-    keys: RefCell<Vec<Vec<change::Value>>>,
+    keys: RefCell<Vec<Key>>,
 }
 
 impl Spare {
-    /// An empty list for `n` values: a spare row (or key) list when one is left.
-    pub(super) fn list(&self, n: usize, key: bool) -> Vec<change::Value> {
-        let pool = if key { &self.keys } else { &self.rows };
-        let mut v = pool.borrow_mut().pop().unwrap_or_default();
+    /// An empty row for `n` values: a spare one when one is left.
+    pub(super) fn row(&self, n: usize) -> Vec<change::Value> {
+        let mut v = self.rows.borrow_mut().pop().unwrap_or_default();
+        v.reserve(n);
+        v
+    }
+
+    /// An empty key for `n` values: a spare one when one is left.
+    pub(super) fn key(&self, n: usize) -> Key {
+        let mut v = self.keys.borrow_mut().pop().unwrap_or_default();
         v.reserve(n);
         v
     }
@@ -97,9 +103,9 @@ impl InputBatch {
                 }
             };
             positions.push(c.position);
-            let key = values.push_all(c.key, true);
-            let old_key = c.old_key.map(|k| values.push_all(k, true));
-            let row = values.push_all(c.values, false);
+            let key = values.push_key(c.key);
+            let old_key = c.old_key.map(|k| values.push_key(k));
+            let row = values.push_row(c.values);
             wit_changes.push(w::Change {
                 table: t,
                 op: op_to_wit(c.op),
@@ -148,8 +154,8 @@ impl InputBatch {
             position: self.positions[i],
             op: op_from_wit(c.op),
             table: self.tables[c.table as usize].clone(),
-            key: values(c.key),
-            old_key: c.old_key.map(values),
+            key: values(c.key).into(),
+            old_key: c.old_key.map(|k| values(k).into()),
             values: values(c.values),
         }
     }
@@ -224,19 +230,27 @@ impl Buffers {
 }
 
 impl Values {
-    fn push_all(&mut self, mut vs: Vec<change::Value>, key: bool) -> w::Span {
+    fn push_row(&mut self, mut vs: Vec<change::Value>) -> w::Span {
+        let span = self.push_all(vs.drain(..));
+        if vs.capacity() > 0 {
+            self.spare.rows.get_mut().push(vs);
+        }
+        span
+    }
+
+    fn push_key(&mut self, mut vs: Key) -> w::Span {
+        let span = self.push_all(vs.drain(..));
+        if vs.spilled() {
+            self.spare.keys.get_mut().push(vs);
+        }
+        span
+    }
+
+    fn push_all(&mut self, vs: impl Iterator<Item = change::Value>) -> w::Span {
         let start = self.values.len() as u32;
-        for v in vs.drain(..) {
+        for v in vs {
             let wv = self.lay_out(v);
             self.values.push(wv);
-        }
-        if vs.capacity() > 0 {
-            let pool = if key {
-                &mut self.spare.keys
-            } else {
-                &mut self.spare.rows
-            };
-            pool.get_mut().push(vs);
         }
         w::Span {
             start,
@@ -353,15 +367,15 @@ impl<'a> Data<'a> {
         }
     }
 
-    /// Appends the values `vs`, their spans resolved, to `out`.
+    /// Appends the values `vs`, their spans resolved, to `out` (a row or a key, which the
+    /// caller has sized).
     pub(super) fn resolve(
         &self,
         vs: &[w::Value],
-        out: &mut Vec<change::Value>,
+        out: &mut impl Extend<change::Value>,
     ) -> Result<(), String> {
-        out.reserve(vs.len());
         for v in vs {
-            out.push(self.value(*v)?);
+            out.extend(std::iter::once(self.value(*v)?));
         }
         Ok(())
     }
@@ -494,7 +508,7 @@ pub(crate) mod tests {
             position: Position::new(Lsn(0x1_0000_0000_0000_0001), ordinal),
             op: Op::Insert,
             table: table.clone(),
-            key: vec![Value::Int8(id)],
+            key: vec![Value::Int8(id)].into(),
             old_key: None,
             values: vec![Value::Int8(id), Value::Text(email.into())],
         }
@@ -568,7 +582,7 @@ pub(crate) mod tests {
         let t = users();
         let mut c = insert(&t, 1, 1, "e");
         c.op = Op::Update;
-        c.old_key = Some(vec![Value::Int8(0)]);
+        c.old_key = Some(vec![Value::Int8(0)].into());
         c.values = zoo.clone();
         let input = InputBatch::new(vec![c.clone()]);
         assert_eq!(input.change(0), c);

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use serde_json::{Map, Number, Value as Json, json};
 
 use crate::change::{
-    Change, Column, Lsn, Op, Position, Table, Value, timestamp_from_unix_micros,
+    Change, Column, Key, Lsn, Op, Position, Table, Value, timestamp_from_unix_micros,
     timestamp_to_unix_micros,
 };
 
@@ -218,15 +218,15 @@ pub fn change_from_json(
         ));
     }
     let key = match o.get("key") {
-        Some(k) if !k.is_null() => values_from_json(k, "key", &table, &table.key)?,
-        _ if op == Op::Truncate => Vec::new(),
+        Some(k) if !k.is_null() => values_from_json(k, "key", &table, &table.key)?.into(),
+        _ if op == Op::Truncate => Key::new(),
         _ if values.len() == table.columns.len() => {
             table.key.iter().map(|&i| values[i].clone()).collect()
         }
         _ => return Err("`key` is missing (and `values` does not hold the key columns)".into()),
     };
     let old_key = match o.get("old_key") {
-        Some(k) if !k.is_null() => Some(values_from_json(k, "old_key", &table, &table.key)?),
+        Some(k) if !k.is_null() => Some(values_from_json(k, "old_key", &table, &table.key)?.into()),
         _ => None,
     };
     Ok(Change {
@@ -460,8 +460,8 @@ mod tests {
         let c = change_from_json(&line, 1, &mut tables).unwrap();
         assert_eq!(c.position.to_string(), "0/16B3A28#3.1");
         assert_eq!(c.table.qualified_name(), "app.t");
-        assert_eq!(c.key, [Value::Int8(42)]);
-        assert_eq!(c.old_key, Some(vec![Value::Int8(41)]));
+        assert_eq!(c.key[..], [Value::Int8(42)]);
+        assert_eq!(c.old_key, Some(smallvec::smallvec![Value::Int8(41)]));
         assert_eq!(c.values[5], Value::Float8(f64::NEG_INFINITY));
         assert_eq!(c.values[8], Value::Bytes(vec![0x0a, 0xff]));
         assert_eq!(
@@ -559,7 +559,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.position, Position::new(Lsn(1), 7));
         assert_eq!(c.table.schema, "public");
-        assert_eq!(c.key, [Value::Int4(1)]);
+        assert_eq!(c.key[..], [Value::Int4(1)]);
         assert_eq!(c.values[1], Value::Unchanged);
         let err = |s: &str| change_from_json(s, 1, &mut Vec::new()).unwrap_err();
         assert_eq!(err("[1]"), "expected a JSON object");

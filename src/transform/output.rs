@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use super::abi as w;
 use super::bindings::{Data, InputBatch, Output, lsn_of, op_from_wit, table_from_wit};
-use crate::change::{self, Change, Op, Position};
+use crate::change::{self, Change, Key, Op, Position};
 /// The outcome of one successful call, checked.
 #[derive(Debug, Default)]
 pub(crate) struct Checked {
@@ -125,15 +125,20 @@ pub(crate) fn check_output(
                  values come to more than that once resolved, at output change #{n}"
             ));
         }
-        let resolve = |vs: &[w::Value], key: bool| -> Result<Vec<change::Value>, String> {
-            let mut out = input.spare.list(vs.len(), key);
+        let resolve = |vs: &[w::Value]| -> Result<Vec<change::Value>, String> {
+            let mut out = input.spare.row(vs.len());
+            data.resolve(vs, &mut out)?;
+            Ok(out)
+        };
+        let resolve_key = |vs: &[w::Value]| -> Result<Key, String> {
+            let mut out = input.spare.key(vs.len());
             data.resolve(vs, &mut out)?;
             Ok(out)
         };
         let values = match op {
             // The contract says a delete's values are empty; tolerate a guest that sends them.
             Op::Delete | Op::Truncate => Vec::new(),
-            _ => resolve(spans.values, false).map_err(blame)?,
+            _ => resolve(spans.values).map_err(blame)?,
         };
         outputs.push((
             input_index,
@@ -141,12 +146,8 @@ pub(crate) fn check_output(
                 position: input.positions[input_index],
                 op,
                 table: table.clone(),
-                key: resolve(spans.key, true).map_err(blame)?,
-                old_key: spans
-                    .old_key
-                    .map(|k| resolve(k, true))
-                    .transpose()
-                    .map_err(blame)?,
+                key: resolve_key(spans.key).map_err(blame)?,
+                old_key: spans.old_key.map(resolve_key).transpose().map_err(blame)?,
                 values,
             },
         ));

@@ -17,24 +17,24 @@ pub fn change(
     key: Vec<Value>,
     old_key: Option<Vec<Value>>,
     values: Vec<Value>,
-) -> Arc<Change> {
-    Arc::new(Change {
+) -> Change {
+    Change {
         position: at,
         op,
         table: Arc::clone(t),
-        key,
-        old_key,
+        key: key.into(),
+        old_key: old_key.map(Into::into),
         values,
-    })
+    }
 }
 
 /// An update carrying the whole row (what a sink must upsert), keyed by the table's key.
-pub fn upsert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Arc<Change> {
+pub fn upsert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Change {
     let key = t.key.iter().map(|&i| values[i].clone()).collect();
     change(t, at, Op::Update, key, None, values)
 }
 
-pub fn delete(t: &Arc<Table>, at: Position, key: Vec<Value>) -> Arc<Change> {
+pub fn delete(t: &Arc<Table>, at: Position, key: Vec<Value>) -> Change {
     change(t, at, Op::Delete, key, None, Vec::new())
 }
 
@@ -59,7 +59,7 @@ pub async fn claimed<C: SinkConnector>(connector: C) -> C {
 }
 
 /// Applies `changes` as one batch of lane 0, or panics with the sink's message.
-pub async fn apply(lane: &mut Box<dyn LaneSink>, changes: Vec<Arc<Change>>) {
+pub async fn apply(lane: &mut Box<dyn LaneSink>, changes: Vec<Change>) {
     lane.apply(&Batch::new(0, changes))
         .await
         .unwrap_or_else(|e| panic!("{}", e.report()));

@@ -233,7 +233,7 @@ async fn bad_rows_are_definite_name_their_key_and_leave_the_lane_usable<S: SinkU
     checked::<S>(&connector, std::slice::from_ref(&tags)).await;
     let mut lane = open(&connector, 0, 1).await;
     let row = |id, name: &str| vec![Value::Int4(id), Value::Text(name.into())];
-    let mut changes: Vec<Arc<Change>> = (1..=40)
+    let mut changes: Vec<Change> = (1..=40)
         .map(|id| upsert(&tags, pos(300, id as u32), row(id, "ok")))
         .collect();
     changes[26] = upsert(&tags, pos(300, 27), row(27, "far too long"));
@@ -439,7 +439,7 @@ async fn dead_letters_commit_with_the_batch_park_their_key_and_replay<S: SinkUnd
     let mut tables = Vec::new();
     let change = zipline::transform::json::change_from_json(&two.change, 0, &mut tables)
         .unwrap_or_else(|e| panic!("{e}"));
-    lane.replay(&[Arc::new(change)], &[two.id])
+    lane.replay(&[change], &[two.id])
         .await
         .unwrap_or_else(|e| panic!("{}", e.report()));
     assert_eq!(sink.query("SELECT id FROM orders ORDER BY id"), "1\n2");

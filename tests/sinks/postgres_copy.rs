@@ -116,7 +116,7 @@ fn row(id: i64) -> (Vec<Value>, String) {
     (values, sql)
 }
 
-fn insert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Arc<Change> {
+fn insert(t: &Arc<Table>, at: Position, values: Vec<Value>) -> Change {
     let key = vec![values[0].clone()];
     change(t, at, Op::Insert, key, None, values)
 }
@@ -152,7 +152,7 @@ async fn fresh_rows_of_every_binary_type_copy_exactly_and_replays_converge() {
         DB,
         &format!("INSERT INTO expected VALUES {}", literals.join(",")),
     );
-    let batch: Vec<Arc<Change>> = rows
+    let batch: Vec<Change> = rows
         .iter()
         .enumerate()
         .map(|(n, (values, _))| insert(&t, pos(10, n as u32 + 1), values.clone()))

@@ -403,7 +403,7 @@ async fn start(
 
 impl Running {
     /// The next `n` changes, acknowledged as a lane would after committing them.
-    async fn take(&mut self, n: usize) -> Vec<Arc<Change>> {
+    async fn take(&mut self, n: usize) -> Vec<Change> {
         let mut out = Vec::new();
         let mut ack = Ack::default();
         while out.len() < n {
@@ -479,8 +479,8 @@ fn summary(c: &Change) -> (u128, u32, Op, Vec<Value>, Option<Vec<Value>>) {
         c.position.lsn.0,
         c.position.ordinal,
         c.op,
-        c.key.clone(),
-        c.old_key.clone(),
+        c.key.to_vec(),
+        c.old_key.as_deref().map(<[Value]>::to_vec),
     )
 }
 
@@ -594,7 +594,7 @@ async fn streams_windows_in_commit_order_and_records_the_frontier() {
     let got = run.take(4).await;
     let int = |i| vec![Value::Int4(i)];
     assert_eq!(
-        got.iter().map(|c| summary(c)).collect::<Vec<_>>(),
+        got.iter().map(summary).collect::<Vec<_>>(),
         vec![
             (0x200, 1, Op::Insert, int(1), None),
             (0x200, 2, Op::Insert, int(2), None),
@@ -660,7 +660,7 @@ async fn resumes_after_a_cut_connection_without_gaps_or_repeats() {
         Position::new(Lsn(0x300), 1),
         "resumed after the last dispatched window: nothing repeated, nothing skipped"
     );
-    assert_eq!(second[0].key, vec![Value::Int4(2)]);
+    assert_eq!(second[0].key[..], [Value::Int4(2)]);
     assert!(
         proxy.wait_for_connections(1, Duration::from_secs(5)).await,
         "the source reconnected"
@@ -728,7 +728,7 @@ async fn initial_snapshot_then_stream_after_its_lsn() {
         .unwrap();
     let rows = run.take(2).await;
     assert_eq!(
-        rows.iter().map(|c| summary(c)).collect::<Vec<_>>(),
+        rows.iter().map(summary).collect::<Vec<_>>(),
         vec![
             (0x200, 2, Op::Insert, vec![Value::Int4(1)], None),
             (0x200, 3, Op::Insert, vec![Value::Int4(2)], None),
@@ -932,14 +932,14 @@ async fn mysql_sink_keeps_the_frontier_the_source_resumes_from() {
     let pos = |lsn: u128, ordinal: u32| Position::new(Lsn(lsn), ordinal);
     let insert = |id: i32, at: Position| Batch {
         lane: 0,
-        changes: vec![Arc::new(Change {
+        changes: vec![Change {
             position: at,
             op: Op::Insert,
             table: table.clone(),
-            key: vec![Value::Int4(id)],
+            key: vec![Value::Int4(id)].into(),
             old_key: None,
             values: vec![Value::Int4(id), Value::Text("x".into())],
-        })],
+        }],
         ..Batch::default()
     };
     assert_eq!(sink.durable_frontier(2).await.unwrap(), None, "nothing yet");

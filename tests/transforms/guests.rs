@@ -13,8 +13,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use zipline::change::{
-    Change, Column, DATE_MAX, DATE_MIN, Lsn, Op, Position, TIMESTAMP_END, TIMESTAMP_MIN, Table,
-    Value,
+    Change, Column, DATE_MAX, DATE_MIN, Key, Lsn, Op, Position, TIMESTAMP_END, TIMESTAMP_MIN,
+    Table, Value,
 };
 use zipline::config::{OnError, TransformLimits, TransformSpec};
 use zipline::transform::{Module, TransformError, Transformer};
@@ -92,7 +92,7 @@ fn batch(n: i64) -> Vec<Change> {
             position: Position::new(Lsn(0x100), id as u32),
             op: Op::Insert,
             table: t.clone(),
-            key: vec![Value::Int8(id)],
+            key: vec![Value::Int8(id)].into(),
             old_key: None,
             values: vec![
                 Value::Int8(id),
@@ -127,7 +127,7 @@ fn rust_mask_masks_columns_drops_tables_and_keeps_updates_and_deletes() {
         position: Position::new(Lsn(0x100), 3),
         op: Op::Insert,
         table: audit(),
-        key: vec![Value::Int4(9)],
+        key: vec![Value::Int4(9)].into(),
         old_key: None,
         values: vec![Value::Int4(9)],
     });
@@ -135,7 +135,7 @@ fn rust_mask_masks_columns_drops_tables_and_keeps_updates_and_deletes() {
         position: Position::new(Lsn(0x100), 4),
         op: Op::Update,
         table: u.clone(),
-        key: vec![Value::Int8(1)],
+        key: vec![Value::Int8(1)].into(),
         old_key: None,
         values: vec![Value::Int8(1), Value::Unchanged, Value::Text("Ada".into())],
     });
@@ -143,7 +143,7 @@ fn rust_mask_masks_columns_drops_tables_and_keeps_updates_and_deletes() {
         position: Position::new(Lsn(0x100), 5),
         op: Op::Delete,
         table: u.clone(),
-        key: vec![Value::Int8(2)],
+        key: vec![Value::Int8(2)].into(),
         old_key: None,
         values: vec![],
     });
@@ -181,7 +181,7 @@ fn rust_mask_masks_columns_drops_tables_and_keeps_updates_and_deletes() {
             (4, Op::Delete, vec![]),
         ]
     );
-    assert_eq!(out[3].1.key, [Value::Int8(2)]);
+    assert_eq!(out[3].1.key[..], [Value::Int8(2)]);
     // Shapes the guest returned unchanged come back as the source's own table.
     assert!(Arc::ptr_eq(&out[0].1.table, &source_table));
     assert!(Arc::ptr_eq(&out[2].1.table, &u));
@@ -481,7 +481,7 @@ fn fan_out_gets_sub_positions_and_rekeying_changes_keys() {
     let (spec, _d) = make_spec("hostile", &[("mode", "rekey")], OnError::Halt);
     let mut t = Transformer::new("r", &spec).unwrap();
     let out = t.transform(batch(1)).unwrap();
-    assert_eq!(out[0].1.key, [Value::Int8(1_000_001)]);
+    assert_eq!(out[0].1.key[..], [Value::Int8(1_000_001)]);
     assert_eq!(out[0].1.values[0], Value::Int8(1_000_001));
 }
 
@@ -568,7 +568,7 @@ fn every_type_and_op() -> Vec<Change> {
             big,
         ]
     };
-    let key = |id: i64| vec![Value::Int8(id), Value::Uuid(tag)];
+    let key = |id: i64| -> Key { vec![Value::Int8(id), Value::Uuid(tag)].into() };
     let at = |ordinal| Position::new(Lsn((7 << 64) | 0xffff_0000_0000_0001), ordinal);
     let change = |ordinal, op, key, old_key, values| Change {
         position: at(ordinal),
@@ -594,7 +594,7 @@ fn every_type_and_op() -> Vec<Change> {
             row(2, Value::Unchanged, false),
         ),
         change(3, Op::Delete, key(2), None, Vec::new()),
-        change(4, Op::Truncate, Vec::new(), None, Vec::new()),
+        change(4, Op::Truncate, Key::new(), None, Vec::new()),
     ]
 }
 

@@ -1,14 +1,12 @@
 //! Statement building for the micro-benchmarks (see `crate::bench`).
 
-use std::sync::Arc;
-
 use super::plan::{Bulk, Plan};
 use crate::change::Change;
 use crate::sink::SinkError;
 
 /// Appends every statement of a lane batch (coalesced first, as the lane does) to `buf`; the
 /// number of statements.
-pub fn statements(changes: &[Arc<Change>], buf: &mut String) -> Result<usize, SinkError> {
+pub fn statements(changes: &[Change], buf: &mut String) -> Result<usize, SinkError> {
     let mut plan = Plan::build(changes, "bench", "bench")?;
     let mut n = 0;
     while plan.next_statement(buf)?.is_some() {
@@ -20,7 +18,7 @@ pub fn statements(changes: &[Arc<Change>], buf: &mut String) -> Result<usize, Si
 /// Builds every statement of a lane batch for bulk execution (every group bulk, as with
 /// `bulk_min_rows: 1`), the rows' parameters included; the number of statements. The
 /// driver's encoding of the parameters is not included.
-pub fn bulk_statements(changes: &[Arc<Change>], buf: &mut String) -> Result<usize, SinkError> {
+pub fn bulk_statements(changes: &[Change], buf: &mut String) -> Result<usize, SinkError> {
     let mut plan = Plan::build(changes, "bench", "bench")?;
     let mut bulk = Bulk::new(1);
     let mut n = 0;

@@ -148,7 +148,7 @@ impl super::MysqlLane {
     /// no-op lookup for known shapes. Never inside a transaction (see the module docs).
     pub(super) async fn fit_shapes(
         &mut self,
-        changes: &[Arc<crate::change::Change>],
+        changes: &[crate::change::Change],
     ) -> Result<(), SinkError> {
         let unknown = self.shapes.unknown(changes);
         if unknown.is_empty() {

@@ -58,7 +58,7 @@ impl Loader {
 #[derive(Clone, Copy)]
 pub(super) enum Input<'a> {
     /// Insert changes, possibly of several tables (what a transform made).
-    Changes(&'a [Arc<Change>]),
+    Changes(&'a [Change]),
     /// Rows of one table.
     Rows(&'a Arc<Table>, &'a [Vec<Value>]),
 }
@@ -259,21 +259,19 @@ async fn load_upserts(
     let sink = shared.sink();
     // The lanes' statement builder works on changes: made here for rows, on this slower
     // path only.
-    let made: Vec<Arc<Change>>;
+    let made: Vec<Change>;
     let changes = match input {
         Input::Changes(changes) => changes,
         Input::Rows(table, rows) => {
             made = rows
                 .iter()
-                .map(|values| {
-                    Arc::new(Change {
-                        position: Position::default(),
-                        op: Op::Insert,
-                        table: table.clone(),
-                        key: table.key.iter().map(|&i| values[i].clone()).collect(),
-                        old_key: None,
-                        values: values.clone(),
-                    })
+                .map(|values| Change {
+                    position: Position::default(),
+                    op: Op::Insert,
+                    table: table.clone(),
+                    key: table.key.iter().map(|&i| values[i].clone()).collect(),
+                    old_key: None,
+                    values: values.clone(),
                 })
                 .collect();
             &made

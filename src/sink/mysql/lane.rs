@@ -289,10 +289,10 @@ impl LaneSink for MysqlLane {
                 // the update did not send stay with it.
                 let prelude = move_sql(&shared.options.database, change, old_key)
                     .map_err(|m| SinkError::definite(format!("sink {}: {m}", shared.sink())))?;
-                let upsert = [Arc::new(Change {
+                let upsert = [Change {
                     old_key: None,
                     ..Change::clone(change)
-                })];
+                }];
                 let plan = Plan::build(&upsert, &shared.options.database, shared.sink())?
                     .with_types(&shared.types);
                 let tail = Tail::Checkpoint {
@@ -347,7 +347,7 @@ impl LaneSink for MysqlLane {
 
     fn replay<'a>(
         &'a mut self,
-        changes: &'a [Arc<Change>],
+        changes: &'a [Change],
         ids: &'a [u64],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {
@@ -424,8 +424,8 @@ mod tests {
             position: Position::default(),
             op: Op::Update,
             table,
-            key: vec![Value::Int8(2)],
-            old_key: Some(vec![Value::Int8(1)]),
+            key: vec![Value::Int8(2)].into(),
+            old_key: Some(vec![Value::Int8(1)].into()),
             values: vec![Value::Int8(2), Value::Text("it's".into()), Value::Unchanged],
         };
         let sql = move_sql("shop", &change, &[Value::Int8(1)]).unwrap();

@@ -565,7 +565,7 @@ impl SnapshotTarget for MysqlConnector {
     fn load<'a>(
         &'a self,
         chunk: &'a super::SnapshotChunk,
-        changes: &'a [Arc<Change>],
+        changes: &'a [Change],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
         let input = infile::Input::Changes(changes);
         Box::pin(infile::load(&self.shared, &self.snapshot, chunk, input))

@@ -14,8 +14,6 @@
 
 mod bulk;
 
-use std::sync::Arc;
-
 pub(crate) use self::bulk::Bulk;
 use super::coalesce::{DeleteGroup, Row, TablePlan, UpsertGroup, coalesce};
 use super::literal::{SinkClass, Written, note_nulled, push_cell, push_ident, push_value};
@@ -80,7 +78,7 @@ impl<'a> Plan<'a> {
     /// Coalesces `changes` (in position order) for sink `sink` writing into `database`.
     /// Errors are about malformed changes (wrong number of values, a table without a key).
     pub(crate) fn build(
-        changes: &'a [Arc<Change>],
+        changes: &'a [Change],
         database: &'a str,
         sink: &'a str,
     ) -> Result<Self, SinkError> {

@@ -1,7 +1,5 @@
 //! Statement building for the micro-benchmarks (see `crate::bench`).
 
-use std::sync::Arc;
-
 use bytes::BytesMut;
 use tokio_postgres::types::{ToSql, Type};
 
@@ -16,7 +14,7 @@ use crate::sink::coalesce::coalesce;
 /// then each parameter in binary (arrays), or the `COPY` payload. Appends to `out`; returns the
 /// number of statements.
 pub fn statements(
-    changes: &[Arc<Change>],
+    changes: &[Change],
     columns: &[(&str, &str)],
     out: &mut BytesMut,
 ) -> Result<usize, String> {

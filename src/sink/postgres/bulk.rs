@@ -57,7 +57,7 @@ pub(super) async fn load(
     shared: &Shared,
     pool: &Pool,
     chunk: &SnapshotChunk,
-    changes: &[Arc<Change>],
+    changes: &[Change],
 ) -> Result<(), SinkError> {
     load_groups(shared, pool, chunk, groups(changes), changes.len()).await
 }
@@ -405,17 +405,15 @@ async fn upsert(shared: &Shared, client: &Client, group: &Group<'_>) -> Result<(
         .await
         .map_err(|e| sink_error(sink, &doing, &e))?
         .ok_or_else(|| SinkError::fatal(format!("sink {sink}: table {target} does not exist")))?;
-    let owned: Vec<Arc<Change>> = rows
+    let owned: Vec<Change> = rows
         .iter()
-        .map(|values| {
-            Arc::new(Change {
-                position: Position::default(),
-                op: Op::Insert,
-                table: Arc::clone(shape),
-                key: shape.key.iter().map(|&i| values[i].clone()).collect(),
-                old_key: None,
-                values: values.to_vec(),
-            })
+        .map(|values| Change {
+            position: Position::default(),
+            op: Op::Insert,
+            table: Arc::clone(shape),
+            key: shape.key.iter().map(|&i| values[i].clone()).collect(),
+            old_key: None,
+            values: values.to_vec(),
         })
         .collect();
     let tables = coalesce(&owned, sink)?;
@@ -443,7 +441,7 @@ async fn upsert(shared: &Shared, client: &Client, group: &Group<'_>) -> Result<(
 }
 
 /// Rows of `changes` grouped by table shape, in order of first appearance.
-fn groups(changes: &[Arc<Change>]) -> Vec<Group<'_>> {
+fn groups(changes: &[Change]) -> Vec<Group<'_>> {
     let mut out: Vec<Group<'_>> = Vec::new();
     for change in changes {
         let same =

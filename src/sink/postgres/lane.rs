@@ -495,10 +495,10 @@ impl LaneSink for PostgresLane {
                 // The lane worker isolates such a change in its own batch (see
                 // `crate::lane::is_toast_move`); the row moves in place so the TOASTed values
                 // the update did not send stay with it, then the upsert writes the rest.
-                let upsert = [Arc::new(Change {
+                let upsert = [Change {
                     old_key: None,
                     ..Change::clone(change)
-                })];
+                }];
                 let tables = coalesce(&upsert, shared.sink())?;
                 let tail = Tail::Checkpoint {
                     position: batch.last_position(),
@@ -552,7 +552,7 @@ impl LaneSink for PostgresLane {
 
     fn replay<'a>(
         &'a mut self,
-        changes: &'a [Arc<Change>],
+        changes: &'a [Change],
         ids: &'a [u64],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(async move {

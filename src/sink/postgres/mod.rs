@@ -456,7 +456,7 @@ impl SnapshotTarget for PostgresConnector {
     fn load<'a>(
         &'a self,
         chunk: &'a SnapshotChunk,
-        changes: &'a [Arc<Change>],
+        changes: &'a [Change],
     ) -> BoxFuture<'a, Result<(), SinkError>> {
         Box::pin(bulk::load(&self.shared, &self.snapshot, chunk, changes))
     }

@@ -36,7 +36,7 @@ use crate::source::{SourceError, SourceIo, SourceState, SourceStats, StopMode};
 mod feedback;
 pub(crate) mod tables;
 
-use self::feedback::{emit, maybe_report, on_stop, report, watchdog};
+use self::feedback::{emit, flush, maybe_report, on_stop, push, report, watchdog};
 use self::tables::stop_at;
 
 /// Reconnect attempts in a row before a lost stream becomes fatal (≈5 minutes of backoff).
@@ -547,7 +547,11 @@ async fn on_data(
                 .build_change(msg, position)
                 .map_err(|e| change_error(st, &e))?;
             st.stats.received.fetch_add(1, Ordering::Relaxed);
-            return emit_change(st, stream, change).await;
+            // Pushed here, not through `emit`: no future's state to move the change into
+            // first, as nothing is awaited while it is held.
+            if push(st, Event::Change(change)) {
+                return flush(st, stream).await;
+            }
         }
         PgOutput::Truncate { rel_ids, .. } => {
             for rel_id in rel_ids {

@@ -32,7 +32,7 @@ use super::conn::{self, Conn};
 use super::lsn::{self, Operation, Ordinals, RowOrder};
 use super::sql;
 use super::types::{self, mask_has};
-use crate::change::{Change, Lsn, Op, Position, Value};
+use crate::change::{Change, Key, Lsn, Op, Position, Value};
 use crate::config;
 use crate::source::SourceError;
 
@@ -235,7 +235,7 @@ pub(crate) fn assemble(
     Ok(txs)
 }
 
-fn key_of(inst: &Instance, values: &[Value]) -> Vec<Value> {
+fn key_of(inst: &Instance, values: &[Value]) -> Key {
     inst.shape.key.iter().map(|&i| values[i].clone()).collect()
 }
 
@@ -384,7 +384,7 @@ mod tests {
                     c.position.ordinal,
                     c.op,
                     c.table.name.as_str(),
-                    c.key.clone(),
+                    c.key.to_vec(),
                 )
             })
             .collect();
@@ -461,8 +461,8 @@ mod tests {
         let c = &txs[0].changes;
         assert_eq!(c.len(), 3, "before-images are not changes of their own");
         assert_eq!(c[0].op, Op::Update);
-        assert_eq!(c[0].key, vec![Value::Int4(2)]);
-        assert_eq!(c[0].old_key, Some(vec![Value::Int4(1)]));
+        assert_eq!(c[0].key[..], [Value::Int4(2)]);
+        assert_eq!(c[0].old_key, Some(smallvec::smallvec![Value::Int4(1)]));
         assert_eq!(c[0].position.ordinal, 1);
         assert_eq!(c[1].old_key, None, "same key: no old key");
         assert_eq!(

@@ -15,8 +15,6 @@
 //! for other lanes' transactions on the table, so this lane must hold none of its own. A cycle
 //! through several lanes' locks is broken by PostgreSQL's deadlock detector and retried.
 
-use std::sync::Arc;
-
 use tokio_postgres::Client;
 
 use super::super::errors::sink_error;
@@ -30,7 +28,7 @@ use crate::sink::SinkError;
 impl PostgresLane {
     /// Fits the sink tables to every shape of `changes` this lane has not matched yet; a
     /// no-op lookup for known shapes.
-    pub(super) async fn fit_shapes(&mut self, changes: &[Arc<Change>]) -> Result<(), SinkError> {
+    pub(super) async fn fit_shapes(&mut self, changes: &[Change]) -> Result<(), SinkError> {
         let unknown = self.shapes.unknown(changes);
         if unknown.is_empty() {
             return Ok(());

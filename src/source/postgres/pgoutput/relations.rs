@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{OldTuple, PgOutput, RelationBody, ReplicaIdentity, Tuple, TupleValue};
-use crate::change::{Change, Op, Position, Table, Value};
+use crate::change::{Change, Column, Key, Op, Position, Table, Value};
 
 use crate::source::postgres::types::{self, TypeError};
 
@@ -299,7 +299,7 @@ impl Relations {
             } => (Op::Update, rel_id, old, new),
             PgOutput::Delete { rel_id, old, .. } => {
                 let table = self.keyed_table(rel_id)?;
-                let key = key_of(table, &parse_row(table, "old", old.tuple())?)?;
+                let key = parse_key(table, old.tuple())?;
                 return Ok(change(table, Op::Delete, key, None, Vec::new()));
             }
             other => return Err(ChangeError::NotARowMessage(other.name())),
@@ -319,7 +319,7 @@ impl Relations {
             }
         }
         let key = key_of(table, &values)?;
-        let old_key: Vec<Value> = table
+        let old_key: Key = table
             .key
             .iter()
             .zip(&key)
@@ -342,7 +342,7 @@ impl Relations {
             position,
             op: Op::Truncate,
             table: Arc::clone(self.table(rel_id)?),
-            key: Vec::new(),
+            key: Vec::new().into(),
             old_key: None,
             values: Vec::new(),
         })
@@ -370,24 +370,40 @@ fn check_types(old: &Table, new: &Table, rel_id: u32) -> Result<(), ChangeError>
 }
 
 /// The key column values of a parsed row (which has one value per column).
-fn key_of(table: &Table, row: &[Value]) -> Result<Vec<Value>, ChangeError> {
-    let mut key = Vec::with_capacity(table.key.len());
+fn key_of(table: &Table, row: &[Value]) -> Result<Key, ChangeError> {
+    let mut key = Key::with_capacity(table.key.len());
     for &i in &table.key {
         key.push(match &row[i] {
-            Value::Unchanged => {
-                return Err(ChangeError::MissingKey {
-                    table: table.qualified_name(),
-                    column: table.columns[i].name.clone(),
-                });
-            }
+            Value::Unchanged => return Err(missing_key(table, i)),
             v => v.clone(),
         });
     }
     Ok(key)
 }
 
-/// Parses a tuple's values by the table's column types.
-fn parse_row(table: &Table, tuple: &'static str, raw: &Tuple) -> Result<Vec<Value>, ChangeError> {
+fn missing_key(table: &Table, column: usize) -> ChangeError {
+    ChangeError::MissingKey {
+        table: table.qualified_name(),
+        column: table.columns[column].name.clone(),
+    }
+}
+
+/// The key column values of an old tuple (a delete's), parsing only those columns.
+fn parse_key(table: &Table, raw: &Tuple) -> Result<Key, ChangeError> {
+    check_count(table, "old", raw)?;
+    let mut key = Key::with_capacity(table.key.len());
+    for (i, (v, col)) in raw.values().zip(&table.columns).enumerate() {
+        if col.is_key {
+            key.push(match parse_value(table, col, v)? {
+                Value::Unchanged => return Err(missing_key(table, i)),
+                v => v,
+            });
+        }
+    }
+    Ok(key)
+}
+
+fn check_count(table: &Table, tuple: &'static str, raw: &Tuple) -> Result<(), ChangeError> {
     if raw.len() != table.columns.len() {
         return Err(ChangeError::ColumnCount {
             table: table.qualified_name(),
@@ -396,29 +412,53 @@ fn parse_row(table: &Table, tuple: &'static str, raw: &Tuple) -> Result<Vec<Valu
             found: raw.len(),
         });
     }
+    Ok(())
+}
+
+/// Parses a tuple's values by the table's column types.
+fn parse_row(table: &Table, tuple: &'static str, raw: &Tuple) -> Result<Vec<Value>, ChangeError> {
+    check_count(table, tuple, raw)?;
     // Sized up front: collecting a fallible iterator would grow the vector from its
     // unknown lower bound, a reallocation per row.
     let mut values = Vec::with_capacity(table.columns.len());
+    // The match is written out here rather than called as `parse_value`: the call returned
+    // its large `Result` through memory, which cost more per value than the parsing.
     for (v, col) in raw.values().zip(&table.columns) {
         values.push(match v {
             TupleValue::Null => Value::Null,
             TupleValue::Unchanged => Value::Unchanged,
-            TupleValue::Text(text) => {
-                types::parse_text(col.type_oid, text).map_err(|source| ChangeError::Value {
-                    table: table.qualified_name(),
-                    column: col.name.clone(),
-                    source,
-                })?
-            }
-            TupleValue::Binary(_) => {
-                return Err(ChangeError::Binary {
-                    table: table.qualified_name(),
-                    column: col.name.clone(),
-                });
-            }
+            TupleValue::Text(text) => types::parse_text(col.type_oid, text)
+                .map_err(|source| value_error(table, col, source))?,
+            TupleValue::Binary(_) => return Err(binary_error(table, col)),
         });
     }
     Ok(values)
+}
+
+/// One value of a tuple (as [`parse_row`] parses each).
+fn parse_value(table: &Table, col: &Column, v: TupleValue<'_>) -> Result<Value, ChangeError> {
+    Ok(match v {
+        TupleValue::Null => Value::Null,
+        TupleValue::Unchanged => Value::Unchanged,
+        TupleValue::Text(text) => types::parse_text(col.type_oid, text)
+            .map_err(|source| value_error(table, col, source))?,
+        TupleValue::Binary(_) => return Err(binary_error(table, col)),
+    })
+}
+
+fn value_error(table: &Table, col: &Column, source: TypeError) -> ChangeError {
+    ChangeError::Value {
+        table: table.qualified_name(),
+        column: col.name.clone(),
+        source,
+    }
+}
+
+fn binary_error(table: &Table, col: &Column) -> ChangeError {
+    ChangeError::Binary {
+        table: table.qualified_name(),
+        column: col.name.clone(),
+    }
 }
 
 #[cfg(test)]
@@ -501,7 +541,10 @@ mod tests {
         let c = c.unwrap();
         assert_eq!((c.op, c.position), (Op::Insert, pos(1)));
         assert_eq!(c.values, vec![Value::Int4(7), t("ann"), Value::Null]);
-        assert_eq!((c.key, c.old_key), (vec![Value::Int4(7)], None));
+        assert_eq!(
+            (c.key, c.old_key),
+            (smallvec::smallvec![Value::Int4(7)], None)
+        );
         assert!(Arc::ptr_eq(&c.table, rels.get(16_384).unwrap()));
     }
 
@@ -511,7 +554,10 @@ mod tests {
         let c = update(&rels, None, &[Some("7"), Some("bob"), U]).unwrap();
         assert_eq!(c.op, Op::Update);
         assert_eq!(c.values, vec![Value::Int4(7), t("bob"), Value::Unchanged]);
-        assert_eq!((c.key, c.old_key), (vec![Value::Int4(7)], None));
+        assert_eq!(
+            (c.key, c.old_key),
+            (smallvec::smallvec![Value::Int4(7)], None)
+        );
     }
 
     #[test]
@@ -519,8 +565,8 @@ mod tests {
         let rels = relations(b'd');
         let old_key: &[Option<&str>] = &[Some("7"), None, None];
         let c = update(&rels, Some((b'K', old_key)), &[Some("8"), Some("b"), U]).unwrap();
-        assert_eq!(c.key, vec![Value::Int4(8)]);
-        assert_eq!(c.old_key, Some(vec![Value::Int4(7)]));
+        assert_eq!(c.key[..], [Value::Int4(8)]);
+        assert_eq!(c.old_key, Some(smallvec::smallvec![Value::Int4(7)]));
         // The key tuple's nulls outside the key are not values to fill Unchanged from.
         assert_eq!(c.values[2], Value::Unchanged);
 
@@ -529,7 +575,10 @@ mod tests {
         assert_eq!(c.old_key, None);
 
         let c = update(&rels, Some((b'K', old_key)), &[U, Some("c"), None]).unwrap();
-        assert_eq!((c.key, c.old_key), (vec![Value::Int4(7)], None));
+        assert_eq!(
+            (c.key, c.old_key),
+            (smallvec::smallvec![Value::Int4(7)], None)
+        );
         assert_eq!(c.values[0], Value::Int4(7));
 
         let e = update(&rels, None, &[U, Some("c"), None]).unwrap_err();
@@ -566,15 +615,15 @@ mod tests {
         assert!(!table.columns[1].is_key && !table.columns[2].is_key);
         let old: &[Option<&str>] = &[Some("1"), Some("a"), Some("x")];
         let c = update(&rels, Some((b'O', old)), &[Some("1"), Some("b"), U]).unwrap();
-        assert_eq!(c.key, vec![Value::Int4(1)]);
+        assert_eq!(c.key[..], [Value::Int4(1)]);
         assert_eq!(c.old_key, None);
         // The full old row fills the TOASTed column the update did not send.
         assert_eq!(c.values, vec![Value::Int4(1), t("b"), t("x")]);
         let c = update(&rels, Some((b'O', old)), &[Some("2"), Some("a"), U]).unwrap();
-        assert_eq!(c.key, vec![Value::Int4(2)]);
-        assert_eq!(c.old_key, Some(vec![Value::Int4(1)]));
+        assert_eq!(c.key[..], [Value::Int4(2)]);
+        assert_eq!(c.old_key, Some(smallvec::smallvec![Value::Int4(1)]));
         let c = row(&[B(b'D'), W(16_384), B(b'O'), T(old)], &rels).unwrap();
-        assert_eq!(c.key, vec![Value::Int4(1)]);
+        assert_eq!(c.key[..], [Value::Int4(1)]);
 
         // A reconnect forgets shapes, not hints.
         rels.reset();
@@ -640,7 +689,7 @@ mod tests {
         ] {
             let c = row(&[B(b'D'), W(16_384), B(marker), T(&old)], &rels).unwrap();
             assert_eq!(c.op, Op::Delete);
-            assert_eq!(c.key, vec![Value::Int4(7)]);
+            assert_eq!(c.key[..], [Value::Int4(7)]);
             assert!(c.values.is_empty() && c.old_key.is_none());
         }
     }

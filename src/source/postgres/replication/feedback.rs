@@ -24,11 +24,17 @@ pub(super) async fn emit(
     stream: &mut ReplicationStream,
     event: Event,
 ) -> Result<Flow, SourceError> {
-    st.emitter.push(event);
-    if st.emitter.is_full() {
+    if push(st, event) {
         return flush(st, stream).await;
     }
     Ok(Flow::Continue)
+}
+
+/// Adds `event` to the pending parcel; true when the parcel is full and must be flushed. Not
+/// async, so an event is moved once, into the parcel, rather than into a future's state first.
+pub(super) fn push(st: &mut State<'_>, event: Event) -> bool {
+    st.emitter.push(event);
+    st.emitter.is_full()
 }
 
 /// Hands what is pending over, waiting for room while serving status updates (a Drain noticed
