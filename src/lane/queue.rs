@@ -218,14 +218,14 @@ impl LaneReceiver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::change::{Lsn, Op, Position, Table};
+    use crate::change::{Key, Lsn, Op, Position, Table};
 
     fn change(n: u32) -> Queued {
         Queued::new(Change {
             position: Position::new(Lsn(1), n),
             op: Op::Delete,
             table: Arc::new(Table::new("s".into(), "t".into(), Vec::new())),
-            key: Vec::new().into(),
+            key: Key::new(),
             old_key: None,
             values: Vec::new(),
         })

@@ -66,7 +66,7 @@ impl KnownShapes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::change::{Column, Op, Position};
+    use crate::change::{Column, Key, Op, Position};
 
     fn table(columns: &[&str]) -> Arc<Table> {
         let columns = columns
@@ -87,7 +87,7 @@ mod tests {
             position: Position::default(),
             op: Op::Delete,
             table: Arc::clone(table),
-            key: Vec::new().into(),
+            key: Key::new(),
             old_key: None,
             values: Vec::new(),
         }

@@ -342,7 +342,7 @@ impl Relations {
             position,
             op: Op::Truncate,
             table: Arc::clone(self.table(rel_id)?),
-            key: Vec::new().into(),
+            key: Key::new(),
             old_key: None,
             values: Vec::new(),
         })
