@@ -23,6 +23,7 @@ pub mod config;
 pub mod error;
 pub mod lane;
 pub mod metrics;
+pub mod parcel;
 pub mod pipeline;
 pub mod retry;
 pub mod runtime;

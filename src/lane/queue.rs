@@ -5,12 +5,17 @@
 //! `queue_capacity` says: a semaphore holds one permit per free slot, the dispatcher takes a
 //! batch's worth before sending it, and the lane gives them back as it takes batches out.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 
 use crate::change::Change;
+use crate::parcel::Spares;
+
+/// Emptied parcels a queue keeps for the dispatcher to fill again (see [`crate::parcel`]).
+const SPARE_PARCELS: usize = 4;
 
 /// The changes of one hand-over.
 pub type Parcel = Vec<Queued>;
@@ -56,16 +61,19 @@ pub fn queue(capacity: usize) -> (LaneSender, LaneReceiver) {
     let capacity = capacity.clamp(1, Semaphore::MAX_PERMITS);
     let (tx, rx) = mpsc::unbounded_channel();
     let room = Arc::new(Semaphore::new(capacity));
+    let spares = Spares::new(SPARE_PARCELS);
     (
         LaneSender {
             tx,
             room: room.clone(),
             capacity,
+            spares: spares.clone(),
         },
         LaneReceiver {
             rx,
             room,
-            pending: Vec::new().into_iter(),
+            pending: VecDeque::new(),
+            spares,
         },
     )
 }
@@ -81,12 +89,18 @@ pub struct LaneSender {
     tx: mpsc::UnboundedSender<Parcel>,
     room: Arc<Semaphore>,
     capacity: usize,
+    spares: Spares<Queued>,
 }
 
 impl LaneSender {
     /// The most changes one parcel may hold (the queue's capacity).
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    /// An empty parcel with room for `n` changes: one the lane emptied, when there is one.
+    pub fn parcel(&self, n: usize) -> Parcel {
+        self.spares.take(n)
     }
 
     /// A gauge of the queue's depth.
@@ -158,8 +172,10 @@ impl Drop for Reserved {
 pub struct LaneReceiver {
     rx: mpsc::UnboundedReceiver<Parcel>,
     room: Arc<Semaphore>,
-    /// The parcel being taken apart: each change is moved out of it once, to the caller.
-    pending: std::vec::IntoIter<Queued>,
+    /// The parcel being taken apart: each change is moved out of it once, to the caller, and
+    /// the emptied buffer goes back to the sender's spares.
+    pending: VecDeque<Queued>,
+    spares: Spares<Queued>,
 }
 
 /// Why [`LaneReceiver::try_recv`] has no change.
@@ -172,20 +188,24 @@ pub enum Empty {
 }
 
 impl LaneReceiver {
-    /// Makes `parcel` the next to take apart (the last one is empty by then).
+    /// Makes `parcel` the next to take apart (the last one is empty by then), handing the
+    /// last one's buffer back. Neither conversion copies: a `Vec` becomes a `VecDeque` in
+    /// place, and an empty `VecDeque` a `Vec`.
     fn take(&mut self, parcel: Parcel) {
         self.room.add_permits(parcel.len());
-        self.pending = parcel.into_iter();
+        let done = std::mem::replace(&mut self.pending, VecDeque::from(parcel));
+        self.spares.give(Vec::from(done));
     }
 
     /// The next change; `None` once the queue is closed and empty.
     pub async fn recv(&mut self) -> Option<Queued> {
         loop {
-            if let Some(change) = self.pending.next() {
+            if let Some(change) = self.pending.pop_front() {
                 return Some(change);
             }
-            // The emptied parcel's memory goes back before the wait, not after it.
-            self.pending = Vec::new().into_iter();
+            // The emptied parcel goes back before the wait, not after it.
+            self.spares
+                .give(Vec::from(std::mem::take(&mut self.pending)));
             let parcel = self.rx.recv().await?;
             self.take(parcel);
         }
@@ -194,7 +214,7 @@ impl LaneReceiver {
     /// The next change if one is there now.
     pub fn try_recv(&mut self) -> Result<Queued, Empty> {
         loop {
-            if let Some(change) = self.pending.next() {
+            if let Some(change) = self.pending.pop_front() {
                 return Ok(change);
             }
             match self.rx.try_recv() {

@@ -30,14 +30,15 @@ use crate::change::{Change, Op, Table, now_micros_since_2000};
 use crate::lane::{
     Ack, AckTracker, Parcel, Queued, Router, Split, TableHash, lane_of, needs_barrier, plan,
 };
-use crate::source::emitter::{Event, Frontier};
+use crate::parcel::Spares;
+use crate::source::emitter::{Event, Events, Frontier};
 use crate::source::{SourceStats, StopMode};
 use crate::transform::TransformError;
 
-/// Most changes handed to a lane at once. A parcel holds its changes inline (160 bytes each), is
-/// filled on the dispatcher's thread and freed on the lane's: bounded, a parcel stays a
-/// medium-sized block rather than one of up to `queue_capacity` changes, which the allocator
-/// would keep around in large pages.
+/// Most changes handed to a lane at once. A parcel holds its changes inline (160 bytes each)
+/// and its buffer comes back from the lane to be filled again (see [`crate::parcel`]):
+/// bounded, the buffers a lane keeps stay medium-sized blocks rather than ones of up to
+/// `queue_capacity` changes.
 const LANE_PARCEL: usize = 512;
 
 /// Why the dispatcher stopped the pipeline.
@@ -76,7 +77,7 @@ impl From<DispatchError> for Halt {
 pub struct Dispatcher {
     routes: Vec<RouteStage>,
     routers: Vec<Router>,
-    events: mpsc::Receiver<Vec<Event>>,
+    events: Events,
     acks: mpsc::UnboundedReceiver<Ack>,
     frontier: watch::Sender<Frontier>,
     stop: watch::Receiver<StopMode>,
@@ -93,6 +94,8 @@ pub struct Dispatcher {
     last_table: Option<(Arc<Table>, TableHash)>,
     /// (sink, lane) of the parcels the last [`Dispatcher::spread`] filled.
     full: Vec<(usize, u32)>,
+    /// Emptied item buffers: a batch's and, while its replay is put off, the next one's.
+    spare_items: Spares<Item>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -141,7 +144,7 @@ impl Dispatcher {
     pub fn new(
         routes: Vec<RouteStage>,
         routers: Vec<Router>,
-        events: mpsc::Receiver<Vec<Event>>,
+        events: Events,
         acks: mpsc::UnboundedReceiver<Ack>,
         frontier: watch::Sender<Frontier>,
         stop: watch::Receiver<StopMode>,
@@ -171,6 +174,7 @@ impl Dispatcher {
             transforming: None,
             last_table: None,
             full: Vec::new(),
+            spare_items: Spares::new(2),
         }
     }
 
@@ -233,12 +237,12 @@ impl Dispatcher {
     /// The batch's transforms are called at once; the previous batch, if its replay was put
     /// off, is replayed while they run.
     async fn take(&mut self, parcel: Vec<Event>) -> Result<(), Halt> {
-        let mut items: Vec<Item> = Vec::with_capacity(parcel.len());
-        let mut changes = push_items(&mut items, parcel);
+        let mut items = self.spare_items.take(parcel.len());
+        let mut changes = push_items(&mut items, parcel, &self.events);
         while changes < self.gather {
             match self.events.try_recv() {
-                Ok(more) => changes += push_items(&mut items, more),
-                Err(_) => break,
+                Some(more) => changes += push_items(&mut items, more, &self.events),
+                None => break,
             }
         }
         let calls = self.call_transforms(&mut items);
@@ -336,7 +340,7 @@ impl Dispatcher {
     /// The items in order: markers to the tracker, changes (or their outputs) to the lanes.
     async fn replay(
         &mut self,
-        items: Vec<Item>,
+        mut items: Vec<Item>,
         outputs: Vec<Option<Vec<(usize, Change)>>>,
     ) -> Result<(), Halt> {
         let mut outputs: Vec<_> = outputs
@@ -344,7 +348,7 @@ impl Dispatcher {
             .map(|o| o.map(|v| v.into_iter().peekable()))
             .collect();
         let mut n = 0usize;
-        for item in items {
+        for item in items.drain(..) {
             match item {
                 Item::Begin {
                     commit_lsn,
@@ -391,6 +395,7 @@ impl Dispatcher {
                 }
             }
         }
+        self.spare_items.give(items);
         Ok(())
     }
 
@@ -511,8 +516,8 @@ impl Dispatcher {
         }
         // The next parcel sized like this one: grown by doubling, it would copy its changes
         // (160 bytes each) once or twice over and leave the smaller blocks behind.
-        let parcel = std::mem::replace(out, Vec::with_capacity(out.len()));
         let sender = self.routers[sink].sender(lane).clone();
+        let parcel = std::mem::replace(out, sender.parcel(out.len()));
         let parcel = match sender.try_send(parcel) {
             Ok(()) => return Ok(()),
             Err((_, Some(_))) => return Err(DispatchError::LanesGone { sink }.into()),
@@ -599,10 +604,11 @@ impl Dispatcher {
     }
 }
 
-/// Appends a parcel's events as items; returns how many changes it held.
-fn push_items(items: &mut Vec<Item>, parcel: Vec<Event>) -> usize {
+/// Appends a parcel's events as items, handing the emptied parcel back; returns how many
+/// changes it held.
+fn push_items(items: &mut Vec<Item>, mut parcel: Vec<Event>, events: &Events) -> usize {
     let mut changes = 0;
-    for event in parcel {
+    for event in parcel.drain(..) {
         items.push(match event {
             Event::Begin {
                 commit_lsn,
@@ -620,6 +626,7 @@ fn push_items(items: &mut Vec<Item>, parcel: Vec<Event>) -> usize {
             Event::Rewind => Item::Rewind,
         });
     }
+    events.give(parcel);
     changes
 }
 

@@ -11,6 +11,7 @@
 use tokio::sync::{mpsc, watch};
 
 use crate::change::{Change, Lsn};
+use crate::parcel::Spares;
 
 /// What a source produces, in commit order.
 #[derive(Debug, Clone)]
@@ -68,15 +69,46 @@ pub struct Emitter {
     parcel: Vec<Event>,
     frontier: watch::Receiver<Frontier>,
     rewinds: u64,
+    spares: Spares<Event>,
+}
+
+/// The runtime's end of the events: parcels in, in order, and their emptied buffers back to
+/// the emitter to fill again (see [`crate::parcel`]).
+#[derive(Debug)]
+pub struct Events {
+    rx: mpsc::Receiver<Vec<Event>>,
+    spares: Spares<Event>,
+}
+
+impl Events {
+    /// The next parcel; `None` once the source has closed its stream and all are taken.
+    pub async fn recv(&mut self) -> Option<Vec<Event>> {
+        self.rx.recv().await
+    }
+
+    /// The next parcel if one is waiting now.
+    pub fn try_recv(&mut self) -> Option<Vec<Event>> {
+        self.rx.try_recv().ok()
+    }
+
+    /// Whether no parcel is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.rx.is_empty()
+    }
+
+    /// Hands an emptied parcel back to the emitter.
+    pub fn give(&self, parcel: Vec<Event>) {
+        self.spares.give(parcel);
+    }
 }
 
 /// An emitter and the runtime's ends of it: a channel holding `parcels` parcels, and the
 /// frontier starting at `start`.
-pub fn channel(
-    parcels: usize,
-    start: Lsn,
-) -> (Emitter, mpsc::Receiver<Vec<Event>>, watch::Sender<Frontier>) {
+pub fn channel(parcels: usize, start: Lsn) -> (Emitter, Events, watch::Sender<Frontier>) {
     let (tx, rx) = mpsc::channel(parcels.max(1));
+    // Every parcel that can be in flight at once: in the channel, being filled, being taken
+    // apart.
+    let spares = Spares::new(parcels.max(1) + 2);
     let (frontier_tx, frontier) = watch::channel(Frontier {
         lsn: start,
         rewinds: 0,
@@ -84,11 +116,12 @@ pub fn channel(
     (
         Emitter {
             tx: Some(tx),
-            parcel: Vec::with_capacity(PARCEL),
+            parcel: spares.take(PARCEL),
             frontier,
             rewinds: 0,
+            spares: spares.clone(),
         },
-        rx,
+        Events { rx, spares },
         frontier_tx,
     )
 }
@@ -114,7 +147,7 @@ impl Emitter {
     }
 
     fn take(&mut self) -> Vec<Event> {
-        std::mem::replace(&mut self.parcel, Vec::with_capacity(PARCEL))
+        std::mem::replace(&mut self.parcel, self.spares.take(PARCEL))
     }
 
     /// Hands the parcel over if the channel has room now; `Ok(false)` when it has not.
@@ -129,7 +162,7 @@ impl Emitter {
             Ok(permit) => {
                 permit.send(std::mem::replace(
                     &mut self.parcel,
-                    Vec::with_capacity(PARCEL),
+                    self.spares.take(PARCEL),
                 ));
                 Ok(true)
             }
