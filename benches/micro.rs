@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the hot paths every change takes, on in-memory data, so a change to one
 //! of them shows its gain or loss apart from the servers' noise:
-//! - `decode`: pgoutput row messages into [`Change`]s (the source's share);
+//! - `decode`: pgoutput row messages into [`Change`]s (the source's share), values in text and
+//!   in binary format (pgoutput's `binary` option);
 //! - `route`: the key hash choosing each change's lane;
 //! - `handoff`: the dispatcher taking transactions from the source's channel and handing them to
 //!   four lane queues, the lanes taking them and acking, the frontier following;
@@ -87,27 +88,79 @@ fn put_text(m: &mut BytesMut, text: &str) {
     m.put_slice(text.as_bytes());
 }
 
-/// A whole row in text format, as pgoutput sends it.
-fn put_row(m: &mut BytesMut, id: u64, rng: &mut u64) {
+fn put_binary(m: &mut BytesMut, bytes: &[u8]) {
+    m.put_u8(b'b');
+    m.put_i32(bytes.len() as i32);
+    m.put_slice(bytes);
+}
+
+/// The id: as text, or as `int8send` sends it.
+fn put_id(m: &mut BytesMut, id: u64, binary: bool) {
+    if binary {
+        put_binary(m, &id.to_be_bytes());
+    } else {
+        put_text(m, &id.to_string());
+    }
+}
+
+/// Microseconds from 2000-01-01 to 2024-01-01 (8,766 days).
+const MICROS_TO_2024: u64 = 8_766 * 86_400 * 1_000_000;
+
+/// A whole row as pgoutput sends it, in text format or with its `binary` option.
+fn put_row(m: &mut BytesMut, id: u64, rng: &mut u64, binary: bool) {
+    let name = format!("item-{id}-{}", next(rng) % 1000);
+    let qty = next(rng) % 10_000;
+    let (units, cents) = (next(rng) % 100_000, next(rng) % 100);
+    let (secs, micros) = (next(rng) % 86_400, next(rng) % 1_000_000);
     m.put_i16(COLUMNS.len() as i16);
-    put_text(m, &id.to_string());
-    put_text(m, &format!("item-{id}-{}", next(rng) % 1000));
-    put_text(m, &(next(rng) % 10_000).to_string());
-    put_text(
-        m,
-        &format!("{}.{:02}", next(rng) % 100_000, next(rng) % 100),
-    );
-    let secs = next(rng) % 86_400;
+    put_id(m, id, binary);
+    if binary {
+        put_binary(m, name.as_bytes());
+        put_binary(m, &(qty as u32).to_be_bytes());
+        put_binary(m, &numeric_send(units, cents));
+        put_binary(
+            m,
+            &(MICROS_TO_2024 + secs * 1_000_000 + micros).to_be_bytes(),
+        );
+        return;
+    }
+    put_text(m, &name);
+    put_text(m, &qty.to_string());
+    put_text(m, &format!("{units}.{cents:02}"));
     put_text(
         m,
         &format!(
-            "2024-01-01 {:02}:{:02}:{:02}.{:06}+00",
+            "2024-01-01 {:02}:{:02}:{:02}.{micros:06}+00",
             secs / 3600,
             secs / 60 % 60,
             secs % 60,
-            next(rng) % 1_000_000
         ),
     );
+}
+
+/// `units.cents` (units below 100,000) as `numeric_send` sends a `numeric(12,2)`: base-10000
+/// digits without leading or trailing zero digits.
+fn numeric_send(units: u64, cents: u64) -> Vec<u8> {
+    let mut digits = vec![units / 10_000, units % 10_000, cents * 100];
+    let mut weight: i16 = 1;
+    while digits.first() == Some(&0) {
+        digits.remove(0);
+        weight -= 1;
+    }
+    while digits.last() == Some(&0) {
+        digits.pop();
+    }
+    if digits.is_empty() {
+        weight = 0;
+    }
+    let mut out = Vec::with_capacity(8 + 2 * digits.len());
+    out.extend((digits.len() as u16).to_be_bytes());
+    out.extend(weight.to_be_bytes());
+    out.extend([0, 0, 0, 2]);
+    for d in digits {
+        out.extend((d as u16).to_be_bytes());
+    }
+    out
 }
 
 fn next(state: &mut u64) -> u64 {
@@ -118,8 +171,8 @@ fn next(state: &mut u64) -> u64 {
 }
 
 /// The batch's row messages, in order: per 100, 60 inserts of new rows, 30 updates and 10
-/// deletes of rows the sink holds.
-fn row_messages() -> Vec<Bytes> {
+/// deletes of rows the sink holds; values in text or binary format.
+fn row_messages(binary: bool) -> Vec<Bytes> {
     let mut rng = 0x5EED_2210_4471_u64;
     let mut next_id = HELD + 1;
     (0..CHANGES)
@@ -130,7 +183,7 @@ fn row_messages() -> Vec<Bytes> {
                     m.put_u8(b'I');
                     m.put_u32(REL_ID);
                     m.put_u8(b'N');
-                    put_row(&mut m, next_id, &mut rng);
+                    put_row(&mut m, next_id, &mut rng, binary);
                     next_id += 1;
                 }
                 60..90 => {
@@ -138,14 +191,14 @@ fn row_messages() -> Vec<Bytes> {
                     m.put_u32(REL_ID);
                     m.put_u8(b'N');
                     let id = 1 + next(&mut rng) % HELD;
-                    put_row(&mut m, id, &mut rng);
+                    put_row(&mut m, id, &mut rng, binary);
                 }
                 _ => {
                     m.put_u8(b'D');
                     m.put_u32(REL_ID);
                     m.put_u8(b'K');
                     m.put_i16(COLUMNS.len() as i16);
-                    put_text(&mut m, &(1 + next(&mut rng) % HELD).to_string());
+                    put_id(&mut m, 1 + next(&mut rng) % HELD, binary);
                     for _ in 1..COLUMNS.len() {
                         m.put_u8(b'n');
                     }
@@ -159,6 +212,8 @@ fn row_messages() -> Vec<Bytes> {
 struct Batch {
     decoder: PgoutputDecoder,
     messages: Vec<Bytes>,
+    /// The same rows with pgoutput's `binary` option.
+    binary: Vec<Bytes>,
     changes: Vec<Change>,
     shared: Vec<Change>,
 }
@@ -171,26 +226,40 @@ fn position(i: usize) -> Position {
 static BATCH: LazyLock<Batch> = LazyLock::new(|| {
     let mut decoder = PgoutputDecoder::default();
     decoder.relation(relation_message()).expect("relation");
-    let messages = row_messages();
+    let messages = row_messages(false);
+    let binary = row_messages(true);
     let changes: Vec<Change> = messages
         .iter()
         .enumerate()
         .map(|(i, m)| decoder.change(m.clone(), position(i)).expect("row"))
         .collect();
+    for (i, m) in binary.iter().enumerate() {
+        let change = decoder.change(m.clone(), position(i)).expect("binary row");
+        assert_eq!(
+            format!("{change:?}"),
+            format!("{:?}", changes[i]),
+            "binary and text rows decode alike"
+        );
+    }
     let shared = changes.clone();
     Batch {
         decoder,
         messages,
+        binary,
         changes,
         shared,
     }
 });
 
-#[divan::bench]
-fn decode(bencher: Bencher) {
+#[divan::bench(args = ["text", "binary"])]
+fn decode(bencher: Bencher, format: &str) {
     let batch = &*BATCH;
+    let messages = match format {
+        "binary" => &batch.binary,
+        _ => &batch.messages,
+    };
     bencher.counter(ItemsCount::new(CHANGES)).bench(|| {
-        for (i, m) in batch.messages.iter().enumerate() {
+        for (i, m) in messages.iter().enumerate() {
             let change = batch.decoder.change(m.clone(), position(i));
             black_box(change.expect("row"));
         }

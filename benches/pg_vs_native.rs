@@ -41,7 +41,8 @@
 //! `cargo bench --bench pg_vs_native` (env: the above, `ZIPLINE_BENCH_SETUP` (`empty`),
 //! `ZIPLINE_BENCH_PREFILL` (`ZIPLINE_BENCH_CHANGES`), `ZIPLINE_BENCH_LANES` (4),
 //! `ZIPLINE_BENCH_BATCH` (1000), `ZIPLINE_BENCH_WRAP` to run Zipline under a profiler,
-//! `ZIPLINE_BENCH_ONLY=zipline` to run the Zipline backlog phase alone, for profiling).
+//! `ZIPLINE_BENCH_ONLY=zipline` to run the Zipline backlog phase alone, for profiling,
+//! `ZIPLINE_BENCH_BINARY_VALUES=false` to read values in text).
 
 #[path = "../tests/common/mod.rs"]
 pub mod common;
@@ -239,7 +240,7 @@ connectors:
     publication: zbench
     slot_name: zbench
     snapshot: never
-  - name: dst
+{}  - name: dst
     type: sink/postgres
     host: 127.0.0.1
     port: {}
@@ -251,7 +252,9 @@ routes:
   - from: src
     to: [dst]
 ",
-        src.port, dst.port
+        src.port,
+        common_backlog::source_settings(),
+        dst.port
     )
 }
 

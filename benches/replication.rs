@@ -20,7 +20,8 @@
 //!
 //! `cargo bench --bench replication` (env: `ZIPLINE_BENCH_CHANGES`, `ZIPLINE_BENCH_LANES`,
 //! `ZIPLINE_BENCH_BATCH`, and `ZIPLINE_BENCH_BULK_MIN_ROWS` for the sink's `bulk_min_rows`,
-//! `0` to compare with text statements only).
+//! `0` to compare with text statements only, and `ZIPLINE_BENCH_BINARY_VALUES` for the source's
+//! `binary_values`).
 
 #[path = "../tests/common/mod.rs"]
 pub mod common;
@@ -293,10 +294,11 @@ async fn main() {
     let bulk = std::env::var("ZIPLINE_BENCH_BULK_MIN_ROWS")
         .map(|n| format!("    bulk_min_rows: {n}\n"))
         .unwrap_or_default();
+    let source = common_backlog::source_settings();
     std::fs::write(
         &yaml,
         format!(
-            "name: bench\nsettings: {{ progress_interval: 5s }}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: zbench\n    tables: [public.items]\n    snapshot: never\n  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\n    lanes: {lanes}\n    batch_size: {batch}\n{bulk}routes:\n  - from: pg\n    to: [my]\n",
+            "name: bench\nsettings: {{ progress_interval: 5s }}\nconnectors:\n  - name: pg\n    type: source/postgres\n    host: 127.0.0.1\n    port: {}\n    database: bench\n    user: postgres\n    publication: zbench\n    slot_name: zbench\n    tables: [public.items]\n    snapshot: never\n{source}  - name: my\n    type: sink/mysql\n    host: 127.0.0.1\n    port: {}\n    database: zl\n    user: root\n    lanes: {lanes}\n    batch_size: {batch}\n{bulk}routes:\n  - from: pg\n    to: [my]\n",
             pg.port, my.port
         ),
     )

@@ -47,6 +47,15 @@ impl Op {
     }
 }
 
+/// Source settings from the environment, as YAML lines of the source entry:
+/// `ZIPLINE_BENCH_BINARY_VALUES` sets `binary_values` (`false` reads values in text, to compare
+/// with the default, binary).
+pub fn source_settings() -> String {
+    std::env::var("ZIPLINE_BENCH_BINARY_VALUES")
+        .map(|v| format!("    binary_values: {v}\n"))
+        .unwrap_or_default()
+}
+
 /// `name`'s value as a number, or `default`.
 pub fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)

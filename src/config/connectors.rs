@@ -298,7 +298,7 @@ routes:
         let cases: &[(&str, &str)] = &[
             (
                 "    hots: x\n",
-                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval, receive_timeout, stream_in_progress, spill_dir, snapshot, snapshot_parallelism, snapshot_chunk_rows, slot_warn_bytes, heartbeat_interval, on_table_recreate, sslmode, sslrootcert, sslcert, sslkey",
+                "p.yaml:10: connectors[0].hots: unknown field `hots`; expected one of: name, type, secret_refs, host, port, database, user, password, publication, slot_name, tables, connect_timeout, connect_retries, status_interval, receive_timeout, stream_in_progress, binary_values, spill_dir, snapshot, snapshot_parallelism, snapshot_chunk_rows, slot_warn_bytes, heartbeat_interval, on_table_recreate, sslmode, sslrootcert, sslcert, sslkey",
             ),
             (
                 "    port: 0\n",

@@ -78,6 +78,11 @@ pub struct PostgresSource {
     /// older servers).
     #[serde(default = "defaults::yes", deserialize_with = "values::boolean")]
     pub stream_in_progress: bool,
+    /// Receive values in binary format (pgoutput's `binary` option, PostgreSQL 14+) while
+    /// every published column has a type Zipline reads in binary; text otherwise, and from
+    /// the moment a column of another type appears. Default true.
+    #[serde(default = "defaults::yes", deserialize_with = "values::boolean")]
+    pub binary_values: bool,
     /// Directory for streamed transactions awaiting commit. Default: the system temporary
     /// directory, `zipline-spill/<pipeline>-<slot>` (filled in at load).
     #[serde(default, deserialize_with = "spill_dir")]

@@ -11,6 +11,9 @@
 //!   equivalent, and a warning saying so).
 //! - `postgres_sink_round_trips_the_type_zoo`: the same through the PostgreSQL sink (COPY,
 //!   then unnest upserts), where every value must come back exactly.
+//! - `binary_values_round_trip_then_fall_back_to_text`: the columns of types Zipline reads in
+//!   pgoutput's binary format, streamed in binary into the PostgreSQL sink, exact; then a
+//!   column of a type read only in text is added, and the stream goes on in text.
 //! - `composite_columns_are_refused_at_startup`: a table with a composite-typed column stops
 //!   the pipeline before a slot or publication exists, naming table.column and the type.
 
@@ -302,19 +305,95 @@ async fn postgres_sink_round_trips_the_type_zoo() {
 
     fx.src.psql(PG_DB, zoo::CHANGES);
     for (table, rows) in [("zoo", 20), ("zoo_enum", 6)] {
-        let deadline = Instant::now() + CONVERGE_TIMEOUT;
-        loop {
-            let n = pg_wait_converged(&src, &sink, table, Some(&mut z), CONVERGE_TIMEOUT).await;
-            if n == rows {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{table}: {n} rows, expected {rows}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        pg_wait_rows(&src, &sink, table, rows, &mut z).await;
     }
+    z.terminate_cleanly(Duration::from_secs(30));
+}
+
+/// Waits until `table` holds the same `rows` rows in the source and the sink.
+async fn pg_wait_rows(
+    src: &tokio_postgres::Client,
+    sink: &tokio_postgres::Client,
+    table: &str,
+    rows: usize,
+    z: &mut Zipline,
+) {
+    let deadline = Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let n = pg_wait_converged(src, sink, table, Some(&mut *z), CONVERGE_TIMEOUT).await;
+        if n == rows {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{table}: {n} rows, expected {rows}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The zoo's columns whose types Zipline reads in binary format.
+const BINARY_COLUMNS: &str =
+    "i2, i4, i8, n, n124, f4, f8, b, t, vc, c, by, u, j, jb, d, tm, ts, tstz";
+
+/// Values in binary format (pgoutput's `binary` option): the zoo's edge values in every
+/// column of a type Zipline reads in binary, streamed as inserts, updates and deletes, come
+/// out in the PostgreSQL sink exactly as the source holds them. Then a column of a type read
+/// only in text is added mid-stream: the stream goes on in text and loses no value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_values_round_trip_then_fall_back_to_text() {
+    let mut fx = PgFixture::servers();
+    fx.src.psql(PG_DB, zoo::SOURCE_DDL);
+    fx.src.psql(PG_DB, zoo::ROWS);
+    fx.src.psql(
+        PG_DB,
+        &format!(
+            "CREATE TABLE zb AS SELECT id, {BINARY_COLUMNS} FROM zoo WITH NO DATA; \
+             ALTER TABLE zb ADD PRIMARY KEY (id);"
+        ),
+    );
+    let mut o = opts(&["create_tables: true"]);
+    o.source_extra = vec!["tables: [zb]".to_owned()];
+    fx.write_pipeline(&pg_pipeline_yaml(&o));
+    let src = fx.src_client().await;
+    let sink = fx.sink_client().await;
+    let mut z = fx.apply();
+    wait_streaming(&src, &mut z, Duration::from_secs(60)).await;
+    assert!(
+        z.output().contains("binary_values=true"),
+        "the stream must start in binary:\n{}",
+        z.output()
+    );
+
+    // Every edge value inserted, then written again by an update, and a delete.
+    fx.src.psql(
+        PG_DB,
+        &format!(
+            "INSERT INTO zb SELECT id, {BINARY_COLUMNS} FROM zoo; \
+             INSERT INTO zb SELECT id + 100, {BINARY_COLUMNS} FROM zoo; \
+             UPDATE zb z SET ({BINARY_COLUMNS}) = (SELECT {BINARY_COLUMNS} FROM zoo s \
+                 WHERE s.id = z.id % 10 + 1) WHERE z.id < 100; \
+             DELETE FROM zb WHERE id = 105;"
+        ),
+    );
+    pg_wait_rows(&src, &sink, "zb", 19, &mut z).await;
+
+    fx.src.psql(
+        PG_DB,
+        "ALTER TABLE zb ADD COLUMN iv interval; \
+         INSERT INTO zb (id, i4, iv) VALUES (200, 1, '1 day 02:00'); \
+         UPDATE zb SET iv = '-3 mons', n = 0.5 WHERE id = 2;",
+    );
+    pg_wait_rows(&src, &sink, "zb", 20, &mut z).await;
+    let out = z.output();
+    assert!(
+        out.contains("in text from here on") && out.contains("column=iv"),
+        "the switch to text must be logged with its column:\n{out}"
+    );
+    assert!(
+        out.matches("binary_values=false").count() >= 1,
+        "the stream must restart in text:\n{out}"
+    );
     z.terminate_cleanly(Duration::from_secs(30));
 }
 

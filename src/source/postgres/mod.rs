@@ -100,11 +100,23 @@ impl PostgresSource {
             tracing::info!(connector = %opts.name, server_version = version, "the server cannot stream transactions in progress (PostgreSQL 14+); large transactions arrive after commit");
             opts.stream_in_progress = false;
         }
+        if opts.binary_values && version < 140_000 {
+            tracing::info!(connector = %opts.name, server_version = version, "values arrive in text: the server sends them in binary from PostgreSQL 14");
+            opts.binary_values = false;
+        }
         let resolved =
             setup::resolve_tables(&client, &opts.publication, opts.tables.as_deref()).await?;
         let relations: Vec<u32> = resolved.iter().map(|d| d.oid).collect();
         let whole_rows: Vec<bool> = resolved.iter().map(|d| d.whole_rows).collect();
         let tables: Vec<Arc<Table>> = resolved.into_iter().map(|d| d.table).collect();
+        if opts.binary_values
+            && let Some((table, column)) = tables
+                .iter()
+                .find_map(|t| types::text_only_column(t).map(|c| (t, c)))
+        {
+            tracing::info!(connector = %opts.name, table = %table.qualified_name(), column = %column.name, type_oid = column.type_oid, "values arrive in text: Zipline reads this column's type only in text");
+            opts.binary_values = false;
+        }
         let started_at = setup::current_wal_lsn(&client).await?;
         let slot = setup::find_slot(&client, &opts.slot_name, &opts.database).await?;
         let publication_exists = setup::publication_exists(&client, &opts.publication).await?;

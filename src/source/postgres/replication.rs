@@ -25,17 +25,20 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::conn::{ConnError, ConnectParams, ReplMessage, ReplicationConn, ReplicationStream};
 use super::pgoutput::{self, KeyHints, Known, PgOutput, Relations};
 use super::spill::Spill;
+use super::types;
 use super::{quote_ident, quote_literal};
 use crate::change::{Change, Lsn, Position};
 use crate::config;
-use crate::error::{Cause, ErrorClass};
+use crate::error::ErrorClass;
 use crate::retry::{Backoff, Budget};
 use crate::source::emitter::{Emitter, Event, Frontier};
 use crate::source::{SourceError, SourceIo, SourceState, SourceStats, StopMode};
 
+mod errors;
 mod feedback;
 pub(crate) mod tables;
 
+use self::errors::{change_error, conn_error, spill_error, undecodable};
 use self::feedback::{emit, flush, maybe_report, on_stop, push, report, watchdog};
 use self::tables::stop_at;
 
@@ -74,6 +77,9 @@ struct State<'a> {
     params: ConnectParams,
     /// New table shapes to record, and catalog events to stop at (see `tables`).
     ledger: tables::Ledger,
+    /// Whether sessions ask for values in binary format: from `binary_values`, until a
+    /// relation shows a column Zipline reads only in text (then text for the rest of the run).
+    binary: bool,
 }
 
 struct OpenTx {
@@ -168,6 +174,7 @@ pub(crate) async fn run(
         })?,
         streaming: None,
         params: params.clone(),
+        binary: opts.binary_values,
     };
     let mut backoff = Backoff::new(
         format!("{}: replication stream lost; reconnecting", opts.name),
@@ -176,17 +183,22 @@ pub(crate) async fn run(
     let mut start = slot_lsn;
     loop {
         let before = st.received;
+        let binary = st.binary;
         let err = match session(&mut st, &params, start).await {
             Ok(()) => return Ok(()),
             Err(e) if e.class == ErrorClass::Transient => e,
             Err(e) => return Err(e),
         };
-        st.stats.errors.count(ErrorClass::Transient);
-        st.stats.set_state(SourceState::Reconnecting);
+        // A column Zipline reads only in text turned up: read again in text, at once.
+        let to_text = binary && !st.binary;
+        if !to_text {
+            st.stats.errors.count(ErrorClass::Transient);
+            st.stats.set_state(SourceState::Reconnecting);
+        }
         if st.received > before {
             backoff.reset();
         }
-        if backoff.attempts() >= MAX_RECONNECTS {
+        if !to_text && backoff.attempts() >= MAX_RECONNECTS {
             let message = format!(
                 "{}: giving up after {MAX_RECONNECTS} reconnect attempts; the last one: {}",
                 opts.name, err.message
@@ -211,6 +223,9 @@ pub(crate) async fn run(
         st.relations.reset();
         st.streaming = None;
         st.spill.reset().map_err(|e| spill_error(st.opts, &e))?;
+        if to_text {
+            continue;
+        }
         tokio::select! {
             _ = backoff.wait(&err) => {}
             _ = wait_stop(&mut st.stop) => return Ok(()),
@@ -224,46 +239,6 @@ async fn wait_stop(stop: &mut watch::Receiver<StopMode>) {
         if stop.changed().await.is_err() {
             return;
         }
-    }
-}
-
-fn conn_error(opts: &config::PostgresSource, e: ConnError) -> SourceError {
-    let what = format!("{} ({}:{})", opts.name, opts.host, opts.port);
-    let start_over = "To copy every table again from a new slot, run `zipline pipeline apply` \
-                      with `--resnapshot`, or set `snapshot: when_needed` on the source";
-    match e.code() {
-        Some("55006") => SourceError::transient(format!(
-            "{what}: replication slot {} is active for another connection (a walsender whose \
-             client vanished without closing it, or another pipeline with the same slot_name); \
-             waiting for the server to end it (wal_sender_timeout): {e}",
-            opts.slot_name
-        )),
-        Some("28P01" | "28000") => SourceError::fatal(format!("{what}: cannot log in: {e}")),
-        Some("57P01" | "57P02" | "57P03" | "53300") => {
-            SourceError::transient(format!("{what}: {e}"))
-        }
-        Some("42704") if e.to_string().contains("publication") => SourceError::fatal(format!(
-            "{what}: {e}: publication {} was dropped while its slot {} kept its position, and \
-             PostgreSQL reads the slot's changes with the catalog as of that position, so \
-             re-creating the publication alone does not help. {start_over}",
-            opts.publication, opts.slot_name
-        )),
-        Some("55000") if e.to_string().contains("can no longer get changes") => {
-            SourceError::fatal(format!(
-                "{what}: {e}: PostgreSQL invalidated replication slot {} (the WAL it still \
-                 needed was removed); the changes since its confirmed position are gone from \
-                 the source. {start_over}",
-                opts.slot_name
-            ))
-        }
-        Some(_) => SourceError::fatal(format!("{what}: {e}")),
-        None => match e {
-            ConnError::Io(_) => SourceError::transient(format!("{what}: {e}")),
-            ConnError::Tls(ref t) if t.is_broken_connection() => {
-                SourceError::transient(format!("{what}: {e}"))
-            }
-            _ => SourceError::fatal(format!("{what}: {e}")),
-        },
     }
 }
 
@@ -286,8 +261,9 @@ async fn session(
     } else {
         "proto_version '1'"
     };
+    let values = if st.binary { ", binary 'true'" } else { "" };
     let command = format!(
-        "START_REPLICATION SLOT {} LOGICAL {start} ({protocol}, publication_names {})",
+        "START_REPLICATION SLOT {} LOGICAL {start} ({protocol}{values}, publication_names {})",
         quote_ident(&opts.slot_name),
         quote_literal(&quote_ident(&opts.publication)),
     );
@@ -295,7 +271,7 @@ async fn session(
         .start_replication(&command)
         .await
         .map_err(|e| conn_error(opts, e))?;
-    tracing::info!(connector = %opts.name, slot = %opts.slot_name, from = %start, "streaming");
+    tracing::info!(connector = %opts.name, slot = %opts.slot_name, from = %start, binary_values = st.binary, "streaming");
     st.stats.set_state(SourceState::Streaming);
     st.last_heard = Instant::now();
     loop {
@@ -509,20 +485,6 @@ async fn replay_streamed(
     Ok(flow)
 }
 
-fn undecodable(opts: &config::PostgresSource, e: &pgoutput::DecodeError) -> SourceError {
-    SourceError::fatal(format!("{}: undecodable pgoutput message: {e}", opts.name))
-}
-
-fn spill_error(opts: &config::PostgresSource, e: &std::io::Error) -> SourceError {
-    SourceError::fatal(format!(
-        "{}: spill directory {} (streamed transactions are kept there until they commit; \
-         check free space and permissions, or set spill_dir)",
-        opts.name,
-        opts.spill_dir.display()
-    ))
-    .caused_by(Cause::io(e))
-}
-
 /// Relation, row and truncate messages, whether received live or replayed from a spill file.
 async fn on_data(
     st: &mut State<'_>,
@@ -535,6 +497,16 @@ async fn on_data(
             match st.relations.apply_relation(body) {
                 Ok(table) => {
                     tracing::debug!(table = %table.qualified_name(), columns = table.columns.len(), "relation");
+                    if st.binary
+                        && let Some(column) = types::text_only_column(&table)
+                    {
+                        st.binary = false;
+                        tracing::info!(connector = %st.opts.name, table = %table.qualified_name(), column = %column.name, type_oid = column.type_oid, "Zipline reads this column's type only in text: reading the stream again from the durable frontier, in text from here on");
+                        return Err(SourceError::transient(format!(
+                            "{}: the stream switches to text values",
+                            st.opts.name
+                        )));
+                    }
                     tables::on_shape(st, rel_id, &table);
                 }
                 Err(e) => return Err(stop_at(st, stream, &e).await),
@@ -584,11 +556,6 @@ async fn emit_change(
     change: Change,
 ) -> Result<Flow, SourceError> {
     emit(st, stream, Event::Change(change)).await
-}
-
-fn change_error(st: &State<'_>, e: &pgoutput::ChangeError) -> SourceError {
-    // Each is a row the source cannot read, or a table the operator must fix first.
-    SourceError::fatal(format!("{}: {e}", st.opts.name))
 }
 
 fn next_position(st: &mut State<'_>) -> Result<Position, SourceError> {

@@ -1,7 +1,8 @@
 //! PostgreSQL text-format values → [`Value`], and the inverse formatters.
 //!
-//! pgoutput sends column values in each type's text output format (we never ask for the
-//! `binary` option), so this module parses what PostgreSQL's output functions print. The
+//! pgoutput sends column values in each type's text output format unless asked for its
+//! `binary` option (then `binary.rs` reads them), so this module parses what PostgreSQL's
+//! output functions print. The
 //! replication session runs with `DateStyle=ISO` and `TimeZone=UTC`, but offsets are still
 //! parsed in full (`+HH`, `+HH:MM`, `+HH:MM:SS`, as printed for historical local mean time).
 //!
@@ -18,7 +19,11 @@
 //! Calendar math is the proleptic Gregorian "days from civil" algorithm (March-based years,
 //! 400-year eras), written out here so the crate needs no date library.
 
+mod binary;
+
 use std::fmt::Write as _;
+
+pub(crate) use binary::{parse_binary, text_only_column};
 
 use crate::change::{DATE_MAX, DATE_MIN, PG_EPOCH_DAYS, TIMESTAMP_END, TIMESTAMP_MIN, Value};
 
@@ -69,6 +74,23 @@ impl TypeError {
         let lossy = String::from_utf8_lossy(text);
         let mut text: String = lossy.chars().take(64).collect();
         if lossy.chars().nth(64).is_some() {
+            text.push('…');
+        }
+        TypeError {
+            type_oid,
+            type_name: type_name(type_oid),
+            text,
+            reason,
+        }
+    }
+
+    /// For a value in binary format: its bytes in hex, cut to 31 bytes.
+    fn binary(type_oid: u32, bytes: &[u8], reason: &'static str) -> Self {
+        let mut text = String::from("\\x");
+        for b in bytes.iter().take(31) {
+            let _ = write!(text, "{b:02x}");
+        }
+        if bytes.len() > 31 {
             text.push('…');
         }
         TypeError {

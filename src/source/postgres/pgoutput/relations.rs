@@ -69,16 +69,6 @@ pub(crate) enum ChangeError {
         /// The parse failure.
         source: TypeError,
     },
-    /// A binary-format value arrived though Zipline never requests the `binary` option.
-    #[error(
-        "table {table}, column {column}: got a binary-format value; Zipline expects text format (do not pass binary 'true' to START_REPLICATION)"
-    )]
-    Binary {
-        /// `schema.name`.
-        table: String,
-        /// Column name.
-        column: String,
-    },
     /// A key column's value was not sent and cannot be recovered from an old tuple.
     #[error(
         "table {table}: key column {column} was sent as an unchanged TOAST value with no old value to take it from"
@@ -429,7 +419,8 @@ fn parse_row(table: &Table, tuple: &'static str, raw: &Tuple) -> Result<Vec<Valu
             TupleValue::Unchanged => Value::Unchanged,
             TupleValue::Text(text) => types::parse_text(col.type_oid, text)
                 .map_err(|source| value_error(table, col, source))?,
-            TupleValue::Binary(_) => return Err(binary_error(table, col)),
+            TupleValue::Binary(bytes) => types::parse_binary(col.type_oid, bytes)
+                .map_err(|source| value_error(table, col, source))?,
         });
     }
     Ok(values)
@@ -442,7 +433,8 @@ fn parse_value(table: &Table, col: &Column, v: TupleValue<'_>) -> Result<Value, 
         TupleValue::Unchanged => Value::Unchanged,
         TupleValue::Text(text) => types::parse_text(col.type_oid, text)
             .map_err(|source| value_error(table, col, source))?,
-        TupleValue::Binary(_) => return Err(binary_error(table, col)),
+        TupleValue::Binary(bytes) => types::parse_binary(col.type_oid, bytes)
+            .map_err(|source| value_error(table, col, source))?,
     })
 }
 
@@ -451,13 +443,6 @@ fn value_error(table: &Table, col: &Column, source: TypeError) -> ChangeError {
         table: table.qualified_name(),
         column: col.name.clone(),
         source,
-    }
-}
-
-fn binary_error(table: &Table, col: &Column) -> ChangeError {
-    ChangeError::Binary {
-        table: table.qualified_name(),
-        column: col.name.clone(),
     }
 }
 
@@ -695,6 +680,35 @@ mod tests {
     }
 
     #[test]
+    fn binary_values_give_the_values_their_text_gives() {
+        let rels = relations(b'd');
+        // id int4 7, name varchar "ab", bio null: in binary, then in text.
+        let binary = [
+            B(b'I'),
+            W(16_384),
+            B(b'N'),
+            H(3),
+            B(b'b'),
+            I(4),
+            W(7),
+            B(b'b'),
+            I(2),
+            B(b'a'),
+            B(b'b'),
+            B(b'n'),
+        ];
+        let text = [
+            B(b'I'),
+            W(16_384),
+            B(b'N'),
+            T(&[Some("7"), Some("ab"), None]),
+        ];
+        let (b, t) = (row(&binary, &rels).unwrap(), row(&text, &rels).unwrap());
+        assert_eq!((&b.key, &b.values), (&t.key, &t.values));
+        assert_eq!(b.values[1], Value::Text("ab".into()));
+    }
+
+    #[test]
     fn truncate_needs_only_a_known_relation() {
         let rels = relations(b'n');
         let c = rels.build_truncate(16_384, pos(3)).unwrap();
@@ -755,7 +769,11 @@ mod tests {
             B(b'n'),
         ];
         let e = row(&binary, &rels).unwrap_err();
-        assert!(matches!(&e, ChangeError::Binary { column, .. } if column == "id"));
+        assert!(
+            matches!(&e, ChangeError::Value { column, source, .. }
+                if column == "id" && source.reason == "expected 4 bytes"),
+            "{e}"
+        );
 
         let e = rels.build_change(PgOutput::StreamStop, pos(1)).unwrap_err();
         assert!(matches!(e, ChangeError::NotARowMessage("Stream Stop")));
