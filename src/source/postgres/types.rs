@@ -63,7 +63,8 @@ pub(crate) struct TypeError {
     pub(crate) type_oid: u32,
     /// Human name of the type, e.g. `timestamptz`.
     pub(crate) type_name: &'static str,
-    /// The offending text, lossily decoded and cut to 64 characters.
+    /// The offending text, lossily decoded and cut to 64 characters (a binary value: its
+    /// bytes in hex).
     pub(crate) text: String,
     /// What is wrong with it.
     pub(crate) reason: &'static str,
@@ -76,12 +77,7 @@ impl TypeError {
         if lossy.chars().nth(64).is_some() {
             text.push('…');
         }
-        TypeError {
-            type_oid,
-            type_name: type_name(type_oid),
-            text,
-            reason,
-        }
+        Self::shown(type_oid, text, reason)
     }
 
     /// For a value in binary format: its bytes in hex, cut to 31 bytes.
@@ -93,6 +89,11 @@ impl TypeError {
         if bytes.len() > 31 {
             text.push('…');
         }
+        Self::shown(type_oid, text, reason)
+    }
+
+    /// With `text` as the error shows the value.
+    fn shown(type_oid: u32, text: String, reason: &'static str) -> Self {
         TypeError {
             type_oid,
             type_name: type_name(type_oid),
