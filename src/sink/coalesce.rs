@@ -42,6 +42,8 @@ pub(super) struct UpsertGroup<'a> {
     pub(super) shape: &'a Table,
     /// Per column: left out because every row of the group has it unchanged.
     pub(super) omit: Vec<bool>,
+    /// Some column is left out: rows without unchanged columns never need `omit` compared.
+    partial: bool,
     pub(super) rows: Vec<Row<'a>>,
     /// Per row: the batch's first change to the row's key was an insert, so a sink that was
     /// in step with the source before the batch does not have the key. Such rows may be
@@ -69,6 +71,8 @@ impl Row<'_> {
 struct Entry<'a> {
     shape: &'a Table,
     upsert: Option<Row<'a>>,
+    /// The upsert's row holds unchanged columns.
+    partial: bool,
     /// The batch's first change to this key was an insert (see [`UpsertGroup::fresh`]).
     fresh: bool,
 }
@@ -234,6 +238,7 @@ pub(super) fn coalesce<'a>(
             entries.replace((t, KeyRef(&change.key)), |earlier| Entry {
                 shape,
                 upsert: None,
+                partial: false,
                 fresh: fresh(earlier, false),
             });
             continue;
@@ -258,24 +263,31 @@ pub(super) fn coalesce<'a>(
             moved_from = Some(entries.replace((t, KeyRef(old)), |earlier| Entry {
                 shape,
                 upsert: None,
+                partial: false,
                 fresh: fresh(earlier, false),
             }));
         }
         let unchanged = change.values.iter().any(|v| matches!(v, Value::Unchanged));
-        entries.replace((t, KeyRef(&change.key)), |earlier| Entry {
-            shape,
-            upsert: Some(if unchanged {
-                merge_unchanged(
+        entries.replace((t, KeyRef(&change.key)), |earlier| {
+            let (row, partial) = if unchanged {
+                let row = merge_unchanged(
                     change,
                     match &moved_from {
                         Some(prev) => prev.as_ref(),
                         None => earlier,
                     },
-                )
+                );
+                let partial = row.values().iter().any(|v| matches!(v, Value::Unchanged));
+                (row, partial)
             } else {
-                Row::Borrowed(&change.values)
-            }),
-            fresh: fresh(earlier, change.op == Op::Insert),
+                (Row::Borrowed(&change.values), false)
+            };
+            Entry {
+                shape,
+                upsert: Some(row),
+                partial,
+                fresh: fresh(earlier, change.op == Op::Insert),
+            }
         });
     }
 
@@ -295,9 +307,11 @@ pub(super) fn coalesce<'a>(
             },
             Some(row) => {
                 let unchanged = |i: usize| matches!(row.values()[i], Value::Unchanged);
+                let partial = entry.partial;
                 let found = plan.upserts.iter_mut().find(|g| {
-                    same_columns(g.shape, entry.shape)
-                        && g.omit.iter().enumerate().all(|(i, &o)| o == unchanged(i))
+                    g.partial == partial
+                        && same_columns(g.shape, entry.shape)
+                        && (!partial || g.omit.iter().enumerate().all(|(i, &o)| o == unchanged(i)))
                 });
                 match found {
                     Some(group) => {
@@ -309,6 +323,7 @@ pub(super) fn coalesce<'a>(
                         plan.upserts.push(UpsertGroup {
                             shape: entry.shape,
                             omit,
+                            partial,
                             rows: vec![row],
                             fresh: vec![entry.fresh],
                         });
@@ -432,7 +447,7 @@ pub(super) mod fixtures {
                 op,
                 table: Arc::clone(t),
                 key: key.into(),
-                old_key: old.map(Into::into),
+                old_key: old.map(|k| Box::new(k.into())),
                 values,
             });
             self
