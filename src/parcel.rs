@@ -1,5 +1,5 @@
 //! Parcel buffers handed back: the stage chain moves changes between tasks in `Vec`s that
-//! hold them inline (about 160 bytes each), filled by one task and emptied by another, often
+//! hold them inline (128 bytes each), filled by one task and emptied by another, often
 //! on another thread.
 //!
 //! Freed where it was emptied, such a block goes back to the allocator of the thread that

@@ -190,7 +190,7 @@ pub fn plan(change: &mut Change, table: TableHash, lanes: u32) -> Split {
             position: change.position,
             op: crate::change::Op::Delete,
             table: change.table.clone(),
-            key: change.old_key.take().unwrap_or_default(),
+            key: change.old_key.take().map(|k| *k).unwrap_or_default(),
             old_key: None,
             values: Vec::new(),
         };
@@ -283,7 +283,7 @@ mod tests {
             op: crate::change::Op::Update,
             table: table.clone(),
             key: key(new),
-            old_key: Some(key(old)),
+            old_key: Some(Box::new(key(old))),
             values: vec![Value::Int8(new)],
         };
         // Two keys on different lanes, and one sharing the first's lane.
@@ -311,6 +311,6 @@ mod tests {
         let split = plan(&mut whole, hash, lanes);
         assert!(split.moved.is_none());
         assert_eq!(split.lane, hash.lane_of(&key(c), lanes));
-        assert_eq!(whole.old_key, Some(key(a)));
+        assert_eq!(whole.old_key, Some(Box::new(key(a))));
     }
 }

@@ -546,7 +546,7 @@ async fn a_key_moved_to_another_lane_counts_as_one_change_applied() {
         ));
     }
     let mut moved = change(&t, 20, 1, to, Op::Update);
-    moved.old_key = Some(smallvec::smallvec![Value::Int8(1)]);
+    moved.old_key = Some(Box::new(smallvec::smallvec![Value::Int8(1)]));
     let mut events = tx(
         10,
         vec![

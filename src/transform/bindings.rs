@@ -104,7 +104,7 @@ impl InputBatch {
             };
             positions.push(c.position);
             let key = values.push_key(c.key);
-            let old_key = c.old_key.map(|k| values.push_key(k));
+            let old_key = c.old_key.map(|k| values.push_key(*k));
             let row = values.push_row(c.values);
             wit_changes.push(w::Change {
                 table: t,
@@ -155,7 +155,7 @@ impl InputBatch {
             op: op_from_wit(c.op),
             table: self.tables[c.table as usize].clone(),
             key: values(c.key).into(),
-            old_key: c.old_key.map(|k| values(k).into()),
+            old_key: c.old_key.map(|k| Box::new(values(k).into())),
             values: values(c.values),
         }
     }
@@ -582,7 +582,7 @@ pub(crate) mod tests {
         let t = users();
         let mut c = insert(&t, 1, 1, "e");
         c.op = Op::Update;
-        c.old_key = Some(vec![Value::Int8(0)].into());
+        c.old_key = Some(Box::new(vec![Value::Int8(0)].into()));
         c.values = zoo.clone();
         let input = InputBatch::new(vec![c.clone()]);
         assert_eq!(input.change(0), c);

@@ -226,7 +226,9 @@ pub fn change_from_json(
         _ => return Err("`key` is missing (and `values` does not hold the key columns)".into()),
     };
     let old_key = match o.get("old_key") {
-        Some(k) if !k.is_null() => Some(values_from_json(k, "old_key", &table, &table.key)?.into()),
+        Some(k) if !k.is_null() => Some(Box::new(
+            values_from_json(k, "old_key", &table, &table.key)?.into(),
+        )),
         _ => None,
     };
     Ok(Change {
@@ -461,7 +463,10 @@ mod tests {
         assert_eq!(c.position.to_string(), "0/16B3A28#3.1");
         assert_eq!(c.table.qualified_name(), "app.t");
         assert_eq!(c.key[..], [Value::Int8(42)]);
-        assert_eq!(c.old_key, Some(smallvec::smallvec![Value::Int8(41)]));
+        assert_eq!(
+            c.old_key,
+            Some(Box::new(smallvec::smallvec![Value::Int8(41)]))
+        );
         assert_eq!(c.values[5], Value::Float8(f64::NEG_INFINITY));
         assert_eq!(c.values[8], Value::Bytes(vec![0x0a, 0xff]));
         assert_eq!(

@@ -147,7 +147,11 @@ pub(crate) fn check_output(
                 op,
                 table: table.clone(),
                 key: resolve_key(spans.key).map_err(blame)?,
-                old_key: spans.old_key.map(resolve_key).transpose().map_err(blame)?,
+                old_key: spans
+                    .old_key
+                    .map(|k| resolve_key(k).map(Box::new))
+                    .transpose()
+                    .map_err(blame)?,
                 values,
             },
         ));

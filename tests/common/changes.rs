@@ -23,7 +23,7 @@ pub fn change(
         op,
         table: Arc::clone(t),
         key: key.into(),
-        old_key: old_key.map(Into::into),
+        old_key: old_key.map(|k| Box::new(k.into())),
         values,
     }
 }

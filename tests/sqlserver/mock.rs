@@ -480,7 +480,7 @@ fn summary(c: &Change) -> (u128, u32, Op, Vec<Value>, Option<Vec<Value>>) {
         c.position.ordinal,
         c.op,
         c.key.to_vec(),
-        c.old_key.as_deref().map(<[Value]>::to_vec),
+        c.old_key.as_deref().map(|k| k.to_vec()),
     )
 }
 

@@ -590,7 +590,7 @@ fn every_type_and_op() -> Vec<Change> {
             2,
             Op::Update,
             key(2),
-            Some(key(i64::MAX)),
+            Some(Box::new(key(i64::MAX))),
             row(2, Value::Unchanged, false),
         ),
         change(3, Op::Delete, key(2), None, Vec::new()),

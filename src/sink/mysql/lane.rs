@@ -425,7 +425,7 @@ mod tests {
             op: Op::Update,
             table,
             key: vec![Value::Int8(2)].into(),
-            old_key: Some(vec![Value::Int8(1)].into()),
+            old_key: Some(Box::new(vec![Value::Int8(1)].into())),
             values: vec![Value::Int8(2), Value::Text("it's".into()), Value::Unchanged],
         };
         let sql = move_sql("shop", &change, &[Value::Int8(1)]).unwrap();

@@ -268,7 +268,8 @@ fn build(inst: &Instance, row: RawRow, before: Option<&RawRow>, position: Positi
             let key = key_of(inst, &values);
             let old_key = before
                 .map(|b| key_of(inst, &b.values))
-                .filter(|old| *old != key);
+                .filter(|old| *old != key)
+                .map(Box::new);
             Change {
                 position,
                 op: Op::Update,
@@ -462,7 +463,10 @@ mod tests {
         assert_eq!(c.len(), 3, "before-images are not changes of their own");
         assert_eq!(c[0].op, Op::Update);
         assert_eq!(c[0].key[..], [Value::Int4(2)]);
-        assert_eq!(c[0].old_key, Some(smallvec::smallvec![Value::Int4(1)]));
+        assert_eq!(
+            c[0].old_key,
+            Some(Box::new(smallvec::smallvec![Value::Int4(1)]))
+        );
         assert_eq!(c[0].position.ordinal, 1);
         assert_eq!(c[1].old_key, None, "same key: no old key");
         assert_eq!(
