@@ -37,10 +37,12 @@ use crate::source::{SourceError, SourceIo, SourceState, SourceStats, StopMode};
 mod errors;
 mod feedback;
 pub(crate) mod tables;
+mod transactions;
 
 use self::errors::{change_error, conn_error, spill_error, undecodable};
 use self::feedback::{emit, flush, maybe_report, on_stop, push, report, watchdog};
 use self::tables::stop_at;
+use self::transactions::{begin_tx, commit_tx, replay_streamed};
 
 /// Reconnect attempts in a row before a lost stream becomes fatal (≈5 minutes of backoff).
 const MAX_RECONNECTS: u32 = 60;
@@ -357,9 +359,12 @@ async fn on_message(
             Ok(Flow::Continue)
         }
         ReplMessage::XLogData { wal_end, data } => {
-            let msg = pgoutput::decode(data.clone(), st.streaming.is_some())
+            // Only a message inside a stream block may have to be spilled whole; elsewhere
+            // the decoder takes the buffer itself (a clone is an atomic count each way).
+            let kept = st.streaming.map(|_| data.clone());
+            let msg = pgoutput::decode(data, st.streaming.is_some())
                 .map_err(|e| undecodable(st.opts, &e))?;
-            if let (Some(top), Some(sub)) = (st.streaming, msg.stream_xid()) {
+            if let (Some(top), Some(sub), Some(data)) = (st.streaming, msg.stream_xid(), kept) {
                 // Part of a transaction still running on the server: kept aside until it
                 // commits (or dropped when it aborts).
                 st.spill
@@ -409,80 +414,6 @@ async fn on_pgoutput(
         other => return on_data(st, stream, other).await,
     }
     Ok(Flow::Continue)
-}
-
-async fn begin_tx(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    commit_lsn: Lsn,
-    commit_time: i64,
-) -> Result<Flow, SourceError> {
-    st.tx = Some(OpenTx {
-        lsn: commit_lsn,
-        ordinal: 0,
-    });
-    emit(
-        st,
-        stream,
-        Event::Begin {
-            commit_lsn,
-            commit_time,
-        },
-    )
-    .await
-}
-
-async fn commit_tx(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    end_lsn: Lsn,
-) -> Result<Flow, SourceError> {
-    st.tx = None;
-    st.committed = st.committed.max(end_lsn);
-    emit(st, stream, Event::Commit { end_lsn }).await
-}
-
-/// A streamed transaction committed: replay its spilled messages as one ordinary transaction,
-/// with the table shapes its own Relation messages announced.
-async fn replay_streamed(
-    st: &mut State<'_>,
-    stream: &mut ReplicationStream,
-    xid: u32,
-    commit_lsn: Lsn,
-    end_lsn: Lsn,
-    commit_time: i64,
-) -> Result<Flow, SourceError> {
-    let mut reader = st.spill.finish(xid).map_err(|e| spill_error(st.opts, &e))?;
-    if let Flow::Stopped = begin_tx(st, stream, commit_lsn, commit_time).await? {
-        return Ok(Flow::Stopped);
-    }
-    let mut relations = std::mem::take(&mut st.relations);
-    let mut flow = Flow::Continue;
-    loop {
-        let next = match reader.next_message() {
-            Ok(Some(data)) => data,
-            Ok(None) => break,
-            Err(e) => {
-                st.relations = relations;
-                return Err(spill_error(st.opts, &e));
-            }
-        };
-        std::mem::swap(&mut st.relations, &mut relations);
-        let result = match pgoutput::decode(next, true) {
-            Ok(msg) => on_data(st, stream, msg).await,
-            Err(e) => Err(undecodable(st.opts, &e)),
-        };
-        std::mem::swap(&mut st.relations, &mut relations);
-        flow = result.inspect_err(|_| st.relations = std::mem::take(&mut relations))?;
-        if let Flow::Stopped = flow {
-            break;
-        }
-    }
-    st.relations = relations;
-    if let Flow::Continue = flow {
-        return commit_tx(st, stream, end_lsn).await;
-    }
-    Ok(flow)
 }
 
 /// Relation, row and truncate messages, whether received live or replayed from a spill file.
