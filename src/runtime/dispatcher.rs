@@ -30,16 +30,18 @@ use crate::change::{Change, Op, Table, now_micros_since_2000};
 use crate::lane::{
     Ack, AckTracker, Parcel, Queued, Router, Split, TableHash, lane_of, needs_barrier, plan,
 };
-use crate::parcel::Spares;
 use crate::source::emitter::{Event, Events, Frontier};
 use crate::source::{SourceStats, StopMode};
 use crate::transform::TransformError;
 
-/// Most changes handed to a lane at once. A parcel holds its changes inline (160 bytes each)
+/// Most changes handed to a lane at once. A parcel holds its changes inline (128 bytes each)
 /// and its buffer comes back from the lane to be filled again (see [`crate::parcel`]):
 /// bounded, the buffers a lane keeps stay medium-sized blocks rather than ones of up to
 /// `queue_capacity` changes.
 const LANE_PARCEL: usize = 512;
+
+/// Item buffers kept for reuse: a batch's, and the next one's while the first's replay waits.
+const SPARE_ITEMS: usize = 2;
 
 /// Why the dispatcher stopped the pipeline.
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +97,8 @@ pub struct Dispatcher {
     /// (sink, lane) of the parcels the last [`Dispatcher::spread`] filled.
     full: Vec<(usize, u32)>,
     /// Emptied item buffers: a batch's and, while its replay is put off, the next one's.
-    spare_items: Spares<Item>,
+    /// Only this task fills and empties them, so they need no shared store.
+    spare_items: Vec<Vec<Item>>,
 }
 
 impl std::fmt::Debug for Dispatcher {
@@ -174,7 +177,7 @@ impl Dispatcher {
             transforming: None,
             last_table: None,
             full: Vec::new(),
-            spare_items: Spares::new(2),
+            spare_items: Vec::with_capacity(SPARE_ITEMS),
         }
     }
 
@@ -237,7 +240,8 @@ impl Dispatcher {
     /// The batch's transforms are called at once; the previous batch, if its replay was put
     /// off, is replayed while they run.
     async fn take(&mut self, parcel: Vec<Event>) -> Result<(), Halt> {
-        let mut items = self.spare_items.take(parcel.len());
+        let mut items = self.spare_items.pop().unwrap_or_default();
+        items.reserve(parcel.len());
         let mut changes = push_items(&mut items, parcel, &self.events);
         while changes < self.gather {
             match self.events.try_recv() {
@@ -395,7 +399,10 @@ impl Dispatcher {
                 }
             }
         }
-        self.spare_items.give(items);
+        if self.spare_items.len() < SPARE_ITEMS {
+            items.clear();
+            self.spare_items.push(items);
+        }
         Ok(())
     }
 
@@ -515,7 +522,7 @@ impl Dispatcher {
             return Ok(());
         }
         // The next parcel sized like this one: grown by doubling, it would copy its changes
-        // (160 bytes each) once or twice over and leave the smaller blocks behind.
+        // (128 bytes each) once or twice over and leave the smaller blocks behind.
         let sender = self.routers[sink].sender(lane).clone();
         let parcel = std::mem::replace(out, sender.parcel(out.len()));
         let parcel = match sender.try_send(parcel) {

@@ -54,24 +54,12 @@ pub(crate) fn parse_binary(type_oid: u32, bytes: &[u8]) -> Result<Value, TypeErr
             _ => return Err(err("expected one byte, 0 or 1")),
         },
         BYTEA => Value::Bytes(bytes.to_vec()),
-        INT2 => Value::Int2(i16::from_be_bytes(
-            fixed(bytes).ok_or_else(|| err("expected 2 bytes"))?,
-        )),
-        INT4 => Value::Int4(i32::from_be_bytes(
-            fixed(bytes).ok_or_else(|| err("expected 4 bytes"))?,
-        )),
-        INT8 => Value::Int8(i64::from_be_bytes(
-            fixed(bytes).ok_or_else(|| err("expected 8 bytes"))?,
-        )),
-        OID => Value::Int8(i64::from(u32::from_be_bytes(
-            fixed(bytes).ok_or_else(|| err("expected 4 bytes"))?,
-        ))),
-        FLOAT4 => Value::Float4(f32::from_be_bytes(
-            fixed(bytes).ok_or_else(|| err("expected 4 bytes"))?,
-        )),
-        FLOAT8 => Value::Float8(f64::from_be_bytes(
-            fixed(bytes).ok_or_else(|| err("expected 8 bytes"))?,
-        )),
+        INT2 => Value::Int2(i16::from_be_bytes(exact(type_oid, bytes)?)),
+        INT4 => Value::Int4(i32::from_be_bytes(exact(type_oid, bytes)?)),
+        INT8 => Value::Int8(i64::from_be_bytes(exact(type_oid, bytes)?)),
+        OID => Value::Int8(i64::from(u32::from_be_bytes(exact(type_oid, bytes)?))),
+        FLOAT4 => Value::Float4(f32::from_be_bytes(exact(type_oid, bytes)?)),
+        FLOAT8 => Value::Float8(f64::from_be_bytes(exact(type_oid, bytes)?)),
         NUMERIC => Value::Numeric(numeric(bytes).ok_or_else(|| err("not a valid numeric"))?),
         TEXT | VARCHAR | BPCHAR | NAME => Value::Text(utf8(bytes).map_err(err)?.into()),
         JSON => Value::Json(utf8(bytes).map_err(err)?.into()),
@@ -80,7 +68,7 @@ pub(crate) fn parse_binary(type_oid: u32, bytes: &[u8]) -> Result<Value, TypeErr
             _ => return Err(err("expected jsonb format version 1")),
         },
         DATE => {
-            let days = i32::from_be_bytes(fixed(bytes).ok_or_else(|| err("expected 4 bytes"))?);
+            let days = i32::from_be_bytes(exact(type_oid, bytes)?);
             Value::Date(match days {
                 // PostgreSQL's -infinity and infinity, the sentinels Value::Date keeps.
                 i32::MIN | i32::MAX => days,
@@ -89,24 +77,28 @@ pub(crate) fn parse_binary(type_oid: u32, bytes: &[u8]) -> Result<Value, TypeErr
                     .ok_or_else(|| err("date out of range"))?,
             })
         }
-        TIME => Value::Time(i64::from_be_bytes(
-            fixed(bytes).ok_or_else(|| err("expected 8 bytes"))?,
-        )),
+        TIME => Value::Time(i64::from_be_bytes(exact(type_oid, bytes)?)),
         // Microseconds since 2000-01-01 with PostgreSQL's sentinels: Value's own form.
-        TIMESTAMP => Value::Timestamp(i64::from_be_bytes(
-            fixed(bytes).ok_or_else(|| err("expected 8 bytes"))?,
-        )),
-        TIMESTAMPTZ => Value::TimestampTz(i64::from_be_bytes(
-            fixed(bytes).ok_or_else(|| err("expected 8 bytes"))?,
-        )),
-        UUID => Value::Uuid(fixed(bytes).ok_or_else(|| err("expected 16 bytes"))?),
+        TIMESTAMP => Value::Timestamp(i64::from_be_bytes(exact(type_oid, bytes)?)),
+        TIMESTAMPTZ => Value::TimestampTz(i64::from_be_bytes(exact(type_oid, bytes)?)),
+        UUID => Value::Uuid(exact(type_oid, bytes)?),
         _ => return Err(err("Zipline reads this type only in text format")),
     };
     Ok(value)
 }
 
-fn fixed<const N: usize>(bytes: &[u8]) -> Option<[u8; N]> {
-    bytes.try_into().ok()
+/// `bytes` as exactly the `N` bytes of a fixed-width type; the error names the width.
+fn exact<const N: usize>(type_oid: u32, bytes: &[u8]) -> Result<[u8; N], TypeError> {
+    bytes.try_into().map_err(|_| {
+        let reason = match N {
+            2 => "expected 2 bytes",
+            4 => "expected 4 bytes",
+            8 => "expected 8 bytes",
+            16 => "expected 16 bytes",
+            _ => "not of the type's width",
+        };
+        TypeError::binary(type_oid, bytes, reason)
+    })
 }
 
 fn utf8(bytes: &[u8]) -> Result<&str, &'static str> {
